@@ -1,0 +1,46 @@
+"""Per-step metrics to metrics.jsonl (one JSON object per step) and TensorBoard, resume-safe."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsLog:
+    def __init__(self, out: Path, resume_step: int = 0, tensorboard: bool = True):
+        self.path = Path(out) / "metrics.jsonl"
+        # On resume, drop rows logged after the checkpoint we restart from: they will be recomputed.
+        rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step] if resume_step else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(Path(out) / "tb"), purge_step=resume_step + 1 if resume_step else None)
+
+    def log(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, row["step"])
+
+    def close(self) -> None:
+        if self.tb:
+            self.tb.close()

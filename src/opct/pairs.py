@@ -1,0 +1,94 @@
+"""Consistency pairs: what the student sees, what the teacher sees, and how both become token ids.
+
+A pair is two chat transcripts that should get the same answer: the *student* side carries the
+perturbation (a wrong hint, a jailbreak wrapper, ...), the *teacher* side is the clean or contrastive
+prompt. Both are rendered with the tokenizer's own chat template and a generation prompt, and the
+*same* response token ids are appended to both (never re-tokenised text), so the teacher scores
+exactly the tokens the student sampled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLES = ("system", "user", "assistant")
+
+
+class PairsError(ValueError):
+    """Bad pairs input. The message names the file, line and field."""
+
+
+@dataclass
+class ConsistencyPair:
+    student: list[dict]  # chat messages [{"role": ..., "content": ...}, ...] with the perturbation
+    teacher: list[dict]  # the clean / contrastive messages
+    meta: dict = field(default_factory=dict)
+
+
+def check_messages(messages, where: str, side: str) -> list[dict]:
+    """Validate one side of a pair; `where` is e.g. 'pairs.jsonl:12'."""
+    if not isinstance(messages, list) or not messages:
+        raise PairsError(f"{where}: field '{side}' must be a non-empty list of messages")
+    out = []
+    for i, m in enumerate(messages):
+        f = f"{side}[{i}]"
+        if not isinstance(m, dict):
+            raise PairsError(f"{where}: field '{f}' must be an object with 'role' and 'content'")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise PairsError(f"{where}: field '{f}.role' is {role!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise PairsError(f"{where}: field '{f}.content' must be a string")
+        out.append({"role": role, "content": content})
+    if out[-1]["role"] == "assistant":
+        raise PairsError(f"{where}: field '{side}' ends with an assistant turn; the last turn must be the prompt to answer")
+    return out
+
+
+def load_pairs(path: str | Path) -> list[ConsistencyPair]:
+    """Read a JSONL file of {"student": [...], "teacher": [...], ...}; other keys go to `meta`."""
+    path = Path(path)
+    if not path.is_file():
+        raise PairsError(f"{path}: no such file")
+    pairs = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PairsError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise PairsError(f"{where}: each line must be a JSON object")
+            for side in ("student", "teacher"):
+                if side not in row:
+                    raise PairsError(f"{where}: missing field '{side}'")
+            student = check_messages(row.pop("student"), where, "student")
+            teacher = check_messages(row.pop("teacher"), where, "teacher")
+            pairs.append(ConsistencyPair(student, teacher, {**row, "_where": where}))
+    if not pairs:
+        raise PairsError(f"{path}: file has no pairs (empty)")
+    return pairs
+
+
+def save_pairs(pairs: list[ConsistencyPair], path: str | Path) -> None:
+    with Path(path).open("w", encoding="utf-8") as f:
+        for p in pairs:
+            meta = {k: v for k, v in p.meta.items() if not k.startswith("_")}  # "_where" etc. are runtime-only
+            f.write(json.dumps({"student": p.student, "teacher": p.teacher, **meta}) + "\n")
+
+
+def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of `messages` + the assistant generation prompt, via the tokenizer's chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise PairsError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
+            "consistency pairs are chat transcripts, so use an instruction-tuned model or set tokenizer.chat_template")
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    if hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)

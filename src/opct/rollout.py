@@ -1,0 +1,83 @@
+"""Batched sampling from the student.
+
+A short decode loop of our own instead of `model.generate`: every sampling setting is explicit (nothing is
+inherited from the model's generation_config, TRL #6337), the token ids are kept as sampled (never
+re-tokenised), and rows that hit EOS stop contributing to the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class SamplingSettings:
+    max_new_tokens: int = 32
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
+
+
+def left_pad(seqs: list[list[int]], pad_id: int):
+    """Stack variable-length prompts right-aligned: returns ids_BL, attention_mask_BL, position_ids_BL."""
+    L = max(len(s) for s in seqs)
+    ids_BL = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask_BL = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids_BL[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask_BL[i, L - len(s):] = 1
+    return ids_BL, mask_BL, (mask_BL.cumsum(-1) - 1).clamp(min=0)
+
+
+def next_token(logits_BV: torch.Tensor, s: SamplingSettings, generator: torch.Generator | None) -> torch.Tensor:
+    """Pick one token per row under explicit settings. Returns tokens_B."""
+    if s.temperature == 0:
+        return logits_BV.argmax(-1)
+    logits_BV = logits_BV / s.temperature
+    if s.top_k and s.top_k < logits_BV.shape[-1]:
+        kth_B1 = logits_BV.topk(s.top_k, dim=-1).values[:, -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
+    if s.top_p < 1.0:
+        sorted_BV, idx_BV = logits_BV.sort(dim=-1, descending=True)
+        cum_BV = sorted_BV.softmax(-1).cumsum(-1)
+        drop_BV = cum_BV - sorted_BV.softmax(-1) >= s.top_p  # keep the smallest prefix with mass >= top_p
+        logits_BV = logits_BV.scatter(-1, idx_BV, sorted_BV.masked_fill(drop_BV, float("-inf")))
+    probs_BV = logits_BV.softmax(-1)
+    return torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(model, prompts: list[list[int]], settings: SamplingSettings, eos_ids: set[int], pad_id: int,
+           generator: torch.Generator | None = None) -> list[list[int]]:
+    """Sample one response per prompt (repeat a prompt to get several). Each response ends with its EOS token
+    when one was produced within max_new_tokens (the EOS is part of the response and of the loss)."""
+    was_training = model.training
+    model.eval()
+    ids_BL, mask_BL, pos_BL = left_pad(prompts, pad_id)
+    B = len(prompts)
+    cache = DynamicCache()
+    out = model(input_ids=ids_BL, attention_mask=mask_BL, position_ids=pos_BL, past_key_values=cache,
+                use_cache=True, logits_to_keep=1)
+    pos_B = pos_BL[:, -1]
+    eos_V = torch.tensor(sorted(eos_ids), dtype=torch.long)
+    done_B = torch.zeros(B, dtype=torch.bool)
+    responses: list[list[int]] = [[] for _ in range(B)]
+    for _ in range(settings.max_new_tokens):
+        tok_B = next_token(out.logits[:, -1].float(), settings, generator)
+        tok_B = torch.where(done_B, torch.full_like(tok_B, pad_id), tok_B)
+        for i in (~done_B).nonzero().flatten().tolist():
+            responses[i].append(int(tok_B[i]))
+        done_B |= torch.isin(tok_B, eos_V)
+        if bool(done_B.all()):
+            break
+        # Finished rows keep decoding a pad token (masked out of attention for later steps is unnecessary: their
+        # outputs are discarded), which keeps the batch rectangular for the KV cache.
+        mask_BL = torch.cat([mask_BL, torch.ones((B, 1), dtype=mask_BL.dtype)], dim=1)
+        pos_B = pos_B + 1
+        out = model(input_ids=tok_B[:, None], attention_mask=mask_BL, position_ids=pos_B[:, None],
+                    past_key_values=cache, use_cache=True)
+    model.train(was_training)
+    return responses

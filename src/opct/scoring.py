@@ -1,0 +1,46 @@
+"""Score given response tokens under a prompt, in one prefill.
+
+Layout: prompts are left-padded so they all end at the same column, responses are right-padded after them.
+Then the logits that predict response token t sit at the same column for every row, and `logits_to_keep`
+asks the model for only those T+1 columns: no lm_head (B x L x V) over prompt positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from opct.rollout import left_pad
+
+
+@dataclass
+class Batch:
+    input_ids_BL: torch.Tensor
+    attention_mask_BL: torch.Tensor
+    position_ids_BL: torch.Tensor
+    response_BT: torch.Tensor  # response token ids, right-padded
+    mask_BT: torch.Tensor  # 1 on real response tokens
+
+
+def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
+    T = max(1, max(len(r) for r in responses))
+    p_ids_BP, p_mask_BP, _ = left_pad(prompts, pad_id)
+    B = len(prompts)
+    resp_BT = torch.full((B, T), pad_id, dtype=torch.long)
+    rmask_BT = torch.zeros((B, T), dtype=torch.long)
+    for i, r in enumerate(responses):
+        resp_BT[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        rmask_BT[i, :len(r)] = 1
+    ids_BL = torch.cat([p_ids_BP, resp_BT], dim=1)
+    mask_BL = torch.cat([p_mask_BP, rmask_BT], dim=1)
+    pos_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
+    return Batch(ids_BL, mask_BL, pos_BL, resp_BT, rmask_BT)
+
+
+def response_logits(model, batch: Batch) -> torch.Tensor:
+    """Logits predicting each response token: logits_BTV (position t predicts response_BT[:, t])."""
+    T = batch.response_BT.shape[1]
+    out = model(input_ids=batch.input_ids_BL, attention_mask=batch.attention_mask_BL,
+                position_ids=batch.position_ids_BL, logits_to_keep=T + 1, use_cache=False)
+    return out.logits[:, :-1].float()

@@ -1,0 +1,96 @@
+"""`opct train` on bad input: a clear message naming file:line and field, exit status 2, nothing half-written."""
+
+import json
+import os
+
+import pytest
+
+from opct.cli import main
+
+GOOD = {"student": [{"role": "user", "content": "Hi (B)?"}], "teacher": [{"role": "user", "content": "Hi?"}]}
+
+
+def run(capsys, *argv):
+    code = main(["train", *argv])
+    return code, capsys.readouterr().err
+
+
+def write_pairs(path, lines):
+    path.write_text("".join((json.dumps(x) if not isinstance(x, str) else x) + "\n" for x in lines))
+    return path
+
+
+@pytest.mark.parametrize("lines,expect", [
+    ([GOOD, '{"student": [}'], ":2: malformed JSON"),
+    ([{"teacher": GOOD["teacher"]}], ":1: missing field 'student'"),
+    ([{"student": [], "teacher": GOOD["teacher"]}], ":1: field 'student' must be a non-empty list"),
+    ([{"student": GOOD["student"], "teacher": [{"role": "critic", "content": "x"}]}], ":1: field 'teacher[0].role'"),
+    ([], "empty"),
+    ([GOOD, {"student": [{"role": "user", "content": "word " * 300}], "teacher": GOOD["teacher"]}],
+     ":2: prompt is"),
+])
+def test_bad_pairs(tmp_path, capsys, tiny_model_dir, lines, expect):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", lines)
+    out = tmp_path / "out"
+    code, err = run(capsys, "--model", str(tiny_model_dir), "--pairs", str(pairs), "--out", str(out), "--steps", "1")
+    assert code == 2
+    assert "opct: error:" in err and str(pairs) in err and expect in err
+    assert not out.exists()
+
+
+def test_unknown_model(tmp_path, capsys):
+    pairs = write_pairs(tmp_path / "pairs.jsonl", [GOOD])
+    out = tmp_path / "out"
+    code, err = run(capsys, "--model", str(tmp_path / "no-such-model"), "--pairs", str(pairs), "--out", str(out))
+    assert code == 2 and "no-such-model" in err and "--model takes" in err
+    assert not out.exists()
+
+
+def test_missing_pairs_file(tmp_path, capsys):
+    code, err = run(capsys, "--pairs", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "nope.jsonl: no such file" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_dir_as_user(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    code, err = run(capsys, "--pairs", str(write_pairs(tmp_path / "p.jsonl", [GOOD])), "--out", str(ro / "out"))
+    assert code == 2 and "not writable" in err
+
+
+def test_out_dir_under_a_file(tmp_path, capsys, tiny_model_dir):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, err = run(capsys, "--model", str(tiny_model_dir), "--pairs", str(write_pairs(tmp_path / "p.jsonl", [GOOD])),
+                    "--out", str(blocker / "out"))
+    assert code == 2 and f"{blocker} is not a directory" in err
+
+
+def test_bad_option_value(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("steps: many\n")
+    code, err = run(capsys, "--config", str(cfg))
+    assert code == 2 and "c.yaml: option 'steps' must be int" in err
+
+
+def test_help_lists_defaults(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert e.value.code == 0
+    for needle in ("--lora-rank", "(default: 32)", "--loss", "(default: sampled)", "--resume", "--max-new-tokens"):
+        assert needle in text
+
+
+def test_train_cli_end_to_end(tmp_path, capsys, tiny_model_dir):
+    pairs = write_pairs(tmp_path / "p.jsonl", [GOOD] * 3)
+    out = tmp_path / "out"
+    code, _ = run(capsys, "--model", str(tiny_model_dir), "--pairs", str(pairs), "--out", str(out), "--steps", "2",
+                  "--prompts-per-step", "2", "--max-new-tokens", "4", "--lora-rank", "2", "--tensorboard", "false")
+    assert code == 0 and (out / "run.json").is_file() and (out / "model" / "adapter_config.json").is_file()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    need = {"kl", "logp_student", "logp_teacher", "response_len", "time_sample", "time_teacher", "time_student",
+            "tokens_per_s", "peak_mem_mb"}
+    assert [r["step"] for r in rows] == [1, 2] and need <= set(rows[0])

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from opct import losses
+
+
+def test_token_logprobs_matches_log_softmax():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 11)
+    tok = torch.randint(0, 11, (2, 3))
+    want = torch.log_softmax(logits, -1).gather(-1, tok[..., None])[..., 0]
+    assert torch.allclose(losses.token_logprobs(logits, tok), want, atol=1e-6)
+
+
+def test_sampled_loss_is_zero_with_zero_grad_when_teacher_equals_student():
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    loss, kl = losses.sampled_token_loss(logp, logp.detach().clone(), torch.ones(1, 3))
+    loss.backward()
+    assert loss.item() == 0.0 and kl.item() == 0.0
+    assert torch.equal(logp.grad, torch.zeros_like(logp))
+
+
+def test_sampled_loss_value_and_gradient_pinned():
+    logp_s = torch.tensor([[-1.0, -2.0, -0.5, -3.0]], requires_grad=True)
+    logp_t = torch.tensor([[-1.5, -1.0, -0.5, -9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, kl = losses.sampled_token_loss(logp_s, logp_t, mask)
+    loss.backward()
+    # k = [0.5, -1.0, 0, (masked)] -> value = sum k = -0.5; grad = k (advantage -k, loss -A*logp)
+    assert loss.item() == pytest.approx(-0.5) and kl.item() == pytest.approx(-0.5)
+    assert torch.allclose(logp_s.grad, torch.tensor([[0.5, -1.0, 0.0, 0.0]]))
+
+
+def test_discounted_future_sum():
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    assert torch.equal(losses.discounted_future_sum(x, 0.0), x)
+    assert torch.allclose(losses.discounted_future_sum(x, 0.5), torch.tensor([[1 + 1 + 0.75, 2 + 1.5, 3.0]]))
+
+
+def test_sampled_estimator_mean_matches_exact_kl_and_its_gradient():
+    # Toy categorical: E_{y~p_s}[log p_s(y) - log p_t(y)] = KL(p_s || p_t), and the mean REINFORCE gradient of the
+    # sampled-token loss equals the gradient of the exact KL.
+    g = torch.Generator().manual_seed(0)
+    logits_s = torch.tensor([1.0, 0.0, -1.0, 2.0], requires_grad=True)
+    logits_t = torch.tensor([0.0, 1.0, 0.0, 0.5])
+    exact = losses.reverse_kl(logits_s[None], logits_t[None])[0]
+    exact_grad, = torch.autograd.grad(exact, logits_s)
+    n = 200_000
+    y = torch.multinomial(torch.softmax(logits_s.detach(), -1), n, replacement=True, generator=g)
+    logp_s = torch.log_softmax(logits_s, -1)[y][None]
+    logp_t = torch.log_softmax(logits_t, -1)[y][None]
+    loss, kl = losses.sampled_token_loss(logp_s, logp_t, torch.ones(1, n))
+    (loss / n).backward()
+    assert (kl / n).item() == pytest.approx(exact.item(), abs=0.01)
+    assert torch.allclose(logits_s.grad, exact_grad, atol=0.01)
+
+
+def test_exact_kls_pinned():
+    s = torch.tensor([[2.0, 0.0, 0.0]])
+    t = torch.tensor([[0.0, 0.0, 0.0]])
+    p = torch.softmax(s, -1)
+    want_rev = (p * (p.log() - torch.log(torch.tensor(1 / 3)))).sum()
+    assert losses.reverse_kl(s, t).item() == pytest.approx(want_rev.item(), abs=1e-6)
+    assert losses.reverse_kl(s, t).item() == pytest.approx(0.4330, abs=1e-4)
+    want_fwd = (torch.full((3,), 1 / 3) * (torch.log(torch.tensor(1 / 3)) - p.log())).sum()
+    assert losses.forward_kl(s, t).item() == pytest.approx(want_fwd.item(), abs=1e-6)
+    assert losses.reverse_kl(s, s).item() == 0.0 and losses.forward_kl(s, s).item() == 0.0
+
+
+def test_topk_with_full_k_equals_full_and_is_partial_below():
+    torch.manual_seed(1)
+    s, t = torch.randn(5, 17), torch.randn(5, 17)
+    assert torch.allclose(losses.topk_reverse_kl(s, t, k=17), losses.reverse_kl(s, t), atol=1e-6)
+    p = torch.softmax(s, -1)
+    top2 = p.topk(2, -1).indices
+    want = (p.gather(-1, top2) * (p.log() - torch.log_softmax(t, -1)).gather(-1, top2)).sum(-1)
+    assert torch.allclose(losses.topk_reverse_kl(s, t, k=2), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["full", "topk", "forward"])
+def test_chunked_matches_unchunked_value_and_gradient(name):
+    torch.manual_seed(2)
+    H, V, N = 8, 13, 10
+    w = torch.randn(V, H, requires_grad=True)
+    h_s = torch.randn(N, H, requires_grad=True)
+    h_t = torch.randn(N, H)
+    kw = {"k": 4} if name == "topk" else {}
+    fn = losses.EXACT[name]
+    full = fn(h_s @ w.T, h_t @ w.T, **kw)
+    g_full = torch.autograd.grad(full.sum(), [h_s, w])
+    chunked = losses.chunked_kl(fn, h_s, h_t, w, chunk=3, **kw)
+    g_chunk = torch.autograd.grad(chunked.sum(), [h_s, w])
+    assert torch.allclose(full, chunked, atol=1e-6)
+    for a, b in zip(g_full, g_chunk):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -1,0 +1,62 @@
+import torch
+
+from opct.models import load_model
+from opct.pairs import render_prompt
+from opct.rollout import SamplingSettings, next_token, sample
+from opct.scoring import build_batch, response_logits
+
+
+def prompts(tok):
+    return [render_prompt(tok, [{"role": "user", "content": q}]) for q in ("Hi", "What is the capital of France?")]
+
+
+def test_batched_left_padded_scoring_equals_unbatched(tiny_model_dir):
+    model, tok = load_model(str(tiny_model_dir))
+    ps = prompts(tok)
+    rs = [[100, 200, 300], [5, 2]]
+    together = response_logits(model, build_batch(ps, rs, tok.pad_token_id))
+    for i in range(2):
+        alone = response_logits(model, build_batch([ps[i]], [rs[i]], tok.pad_token_id))
+        n = len(rs[i])
+        assert torch.allclose(together[i, :n], alone[0, :n], atol=1e-4)
+
+
+def test_greedy_sampling_matches_hf_generate(tiny_model_dir):
+    model, tok = load_model(str(tiny_model_dir))
+    p = prompts(tok)[1]
+    ours = sample(model, [p], SamplingSettings(max_new_tokens=8, temperature=0), {tok.eos_token_id}, tok.pad_token_id)[0]
+    hf = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=8, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
+    assert ours == hf[:len(ours)] and len(ours) > 0
+
+
+def test_sampling_is_seeded_and_batched_rows_are_independent_of_padding(tiny_model_dir):
+    model, tok = load_model(str(tiny_model_dir))
+    ps = prompts(tok)
+    s = SamplingSettings(max_new_tokens=6, temperature=1.0)
+    a = sample(model, ps, s, {tok.eos_token_id}, tok.pad_token_id, torch.Generator().manual_seed(3))
+    b = sample(model, ps, s, {tok.eos_token_id}, tok.pad_token_id, torch.Generator().manual_seed(3))
+    assert a == b and all(1 <= len(r) <= 6 for r in a)
+    greedy = SamplingSettings(max_new_tokens=6, temperature=0)
+    batched = sample(model, ps, greedy, {tok.eos_token_id}, tok.pad_token_id)
+    alone = [sample(model, [p], greedy, {tok.eos_token_id}, tok.pad_token_id)[0] for p in ps]
+    assert batched == alone
+
+
+def test_stops_at_eos_and_keeps_it(tiny_model_dir):
+    model, tok = load_model(str(tiny_model_dir))
+    p = prompts(tok)[0]
+    first = sample(model, [p], SamplingSettings(max_new_tokens=1, temperature=0), set(), tok.pad_token_id)[0][0]
+    out = sample(model, [p], SamplingSettings(max_new_tokens=5, temperature=0), {first}, tok.pad_token_id)[0]
+    assert out == [first]  # the EOS token is the last token of the response
+
+
+def test_top_k_and_top_p_restrict_support():
+    logits = torch.tensor([[3.0, 2.0, 1.0, -5.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    k1 = next_token(logits, SamplingSettings(temperature=1.0, top_k=1), g)
+    assert set(k1.tolist()) == {0}
+    p = next_token(logits, SamplingSettings(temperature=1.0, top_p=0.8), g)
+    assert set(p.tolist()) == {0, 1}  # softmax = .665, .245, .09, ...: the 0.8 nucleus is {0, 1}
+    full = next_token(logits, SamplingSettings(temperature=1.0), g)
+    assert {0, 1, 2} <= set(full.tolist())
