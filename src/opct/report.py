@@ -1,0 +1,525 @@
+"""Turn a finished run directory into report.md, report.html and PNG plots.
+
+Inputs (under `run_dir`):
+  results.json          written by the demo / eval (required)
+  opct/metrics.jsonl    one JSON object per OPCT training step (optional)
+  sft/metrics.jsonl     one JSON object per SFT training step (optional)
+
+The report only presents the numbers: every table cell comes straight from results.json, and the
+intervals are the ones the evaluator computed (95% Wilson intervals over prompts). The Markdown and
+the HTML are rendered from one list of blocks, so they always carry the same content.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+# Display order; anything else found in results.json follows in the order it first appears.
+METHOD_ORDER = ("base", "sft", "opct")
+SPLIT_ORDER = ("train_cues", "heldout_cues", "system_cue", "pushback")
+METRIC_ORDER = ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy")
+
+LABELS = {
+    "base": "base", "sft": "SFT", "opct": "OPCT",
+    "sycophancy_rate": "Sycophancy rate", "brr": "BRR", "consistency": "Consistency",
+    "cued_accuracy": "Cued accuracy", "clean_accuracy": "Clean accuracy", "kl": "KL",
+}
+# Only stated where the direction is unambiguous from the metric's name.
+DIRECTION = {"sycophancy_rate": "lower is better", "consistency": "higher is better",
+             "cued_accuracy": "higher is better", "clean_accuracy": "higher is better"}
+COLORS = {"base": "#8c8c8c", "sft": "#4c72b0", "opct": "#dd8452"}
+OTHER_COLORS = ("#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+
+INTERVAL_NOTE = ("Intervals are 95% Wilson score intervals over prompts; n is the number of prompts in the "
+                 "split. Ratios are ratios of point estimates and carry no interval of their own.")
+DASH = "—"
+
+
+def label(key: str) -> str:
+    return LABELS.get(key, key.replace("_", " "))
+
+
+def ordered(keys, preferred) -> list:
+    """`preferred` keys that are present, then the rest in first-seen order."""
+    seen = list(dict.fromkeys(keys))
+    return [k for k in preferred if k in seen] + [k for k in seen if k not in preferred]
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def is_cell(x) -> bool:
+    """A {value, lo, hi, n} estimate."""
+    return isinstance(x, dict) and "value" in x
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Rows of a metrics.jsonl; [] when the file is missing.
+
+    Malformed lines are skipped rather than fatal: a run killed mid-write leaves a partial last
+    line, and the report should still show everything before it."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def per_split_metrics(methods: dict) -> list[str]:
+    """Metric names stored as {split: cell} (sycophancy_rate, brr, ...). Skips `n`, which maps to ints."""
+    names = [name for m in methods.values() for name, v in m.items()
+             if isinstance(v, dict) and not is_cell(v) and any(is_cell(c) for c in v.values())]
+    return ordered(names, METRIC_ORDER)
+
+
+def scalar_metrics(methods: dict) -> list[str]:
+    """Metric names stored as a single cell (clean_accuracy)."""
+    return ordered([name for m in methods.values() for name, v in m.items() if is_cell(v)], METRIC_ORDER)
+
+
+def splits_of(methods: dict, metrics: list[str]) -> list[str]:
+    names = [s for m in methods.values() for metric in metrics
+             for s, c in (m.get(metric) or {}).items() if is_cell(c)]
+    return ordered(names, SPLIT_ORDER)
+
+
+def cell(methods: dict, method: str, metric: str, split: str | None = None) -> dict | None:
+    """The {value, lo, hi, n} for one method/metric(/split), or None when absent or null."""
+    c = methods.get(method, {}).get(metric)
+    if split is not None:
+        c = c.get(split) if isinstance(c, dict) else None
+    return c if is_cell(c) and is_number(c["value"]) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def fmt_cell(c: dict | None) -> str:
+    """"0.62 [0.57, 0.67]", or just "0.62" without an interval, or a dash when missing."""
+    if c is None:
+        return DASH
+    text = f"{c['value']:.2f}"
+    if is_number(c.get("lo")) and is_number(c.get("hi")):
+        text += f" [{c['lo']:.2f}, {c['hi']:.2f}]"
+    return text
+
+
+def fmt_ratio(c: dict | None, base: dict | None) -> str:
+    if c is None or base is None or base["value"] == 0:
+        return DASH
+    return f"×{c['value'] / base['value']:.2f}"
+
+
+def fmt_n(cells: list[dict | None], fallbacks: list) -> str:
+    """The prompt count; normally identical across methods, but shown per method if not."""
+    ns = [c["n"] if c is not None and is_number(c.get("n")) else fb for c, fb in zip(cells, fallbacks)]
+    ns = [int(n) for n in ns if is_number(n)]
+    if not ns:
+        return DASH
+    return str(ns[0]) if len(set(ns)) == 1 else " / ".join(map(str, ns))
+
+
+def fmt_num(x) -> str:
+    return f"{x:.4g}" if is_number(x) else str(x)
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.0f} s ({s / 60:.1f} min)" if s >= 60 else f"{s:.1f} s"
+
+
+def flatten(d: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested config -> [("opct.lr", "0.0001"), ...]; long values are shortened for the table."""
+    out = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out += flatten(v, key + ".")
+            continue
+        text = v if isinstance(v, str) else json.dumps(v)
+        out.append((key, text if len(text) <= 80 else text[:77] + "..."))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots (Figure + Agg canvas directly, so no pyplot global state or display backend is involved)
+
+
+def method_color(method: str, i: int) -> str:
+    return COLORS.get(method, OTHER_COLORS[i % len(OTHER_COLORS)])
+
+
+def grouped_bars(ax, groups: list[str], methods: list[str], get, title: str) -> None:
+    """One bar per (group, method) with asymmetric lo/hi error bars; `get(method, group)` -> cell|None."""
+    width = 0.8 / len(methods)
+    top = 1.0
+    for i, m in enumerate(methods):
+        xs, vals, below, above = [], [], [], []
+        for j, g in enumerate(groups):
+            c = get(m, g)
+            if c is None:
+                continue
+            v = c["value"]
+            lo = c["lo"] if is_number(c.get("lo")) else v
+            hi = c["hi"] if is_number(c.get("hi")) else v
+            xs.append(j - 0.4 + width * (i + 0.5))
+            vals.append(v)
+            below.append(max(0.0, v - lo))
+            above.append(max(0.0, hi - v))
+            top = max(top, hi)
+        if not xs:
+            continue
+        ax.bar(xs, vals, width * 0.92, yerr=[below, above], capsize=3, label=label(m),
+               color=method_color(m, i), error_kw={"elinewidth": 1, "ecolor": "#333333"})
+        for x, v, a in zip(xs, vals, above):
+            ax.text(x, v + a + 0.01 * top, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(groups)), [g.replace("_", " ") for g in groups])
+    ax.set_ylim(0, top * 1.12)  # headroom for the value labels above the error bars
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def method_legend(fig: Figure, ax) -> None:
+    """One legend under the plot area, so it can never cover a bar near 1.0."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=len(labels), frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+
+
+def save_figure(fig: Figure, path: Path) -> None:
+    FigureCanvasAgg(fig)
+    if not fig.legends:  # method_legend already laid the figure out around its legend
+        fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    write_atomic(path, buf.getvalue())
+
+
+def plot_sycophancy(methods: dict, names: list[str], splits: list[str], path: Path) -> None:
+    fig = Figure(figsize=(max(6.0, 1.6 * len(splits) + 2), 4.2))
+    ax = fig.add_subplot()
+    grouped_bars(ax, splits, names, lambda m, s: cell(methods, m, "sycophancy_rate", s),
+                 "Sycophancy rate by split (95% Wilson interval; lower is better)")
+    ax.set_ylabel("sycophancy rate")
+    method_legend(fig, ax)
+    save_figure(fig, path)
+
+
+def plot_consistency_accuracy(methods: dict, names: list[str], splits: list[str], path: Path) -> None:
+    """Left: consistency per split. Right: clean accuracy next to the cued accuracy per split."""
+    panels = []
+    cons_splits = [s for s in splits if any(cell(methods, m, "consistency", s) for m in names)]
+    if cons_splits:
+        panels.append(("Consistency by split (higher is better)", cons_splits,
+                       lambda m, s: cell(methods, m, "consistency", s)))
+    acc_groups = (["clean"] if any(cell(methods, m, "clean_accuracy") for m in names) else []) + \
+        [s for s in splits if any(cell(methods, m, "cued_accuracy", s) for m in names)]
+    if acc_groups:
+        panels.append(("Accuracy: clean vs cued (higher is better)", acc_groups,
+                       lambda m, g: cell(methods, m, "clean_accuracy") if g == "clean"
+                       else cell(methods, m, "cued_accuracy", g)))
+    fig = Figure(figsize=(sum(max(4.0, 1.3 * len(p[1]) + 1.5) for p in panels), 4.2))
+    for k, (title, groups, get) in enumerate(panels, 1):
+        ax = fig.add_subplot(1, len(panels), k)
+        grouped_bars(ax, groups, names, get, title)
+    method_legend(fig, ax)
+    save_figure(fig, path)
+
+
+def series(rows: list[dict], key: str) -> tuple[list, list]:
+    """(steps, values) for the rows that have a numeric `key`; the line number stands in for a missing step."""
+    xs, ys = [], []
+    for i, row in enumerate(rows, 1):
+        if is_number(row.get(key)):
+            xs.append(row["step"] if is_number(row.get("step")) else i)
+            ys.append(row[key])
+    return xs, ys
+
+
+def plot_line(ax, xs, ys, name: str, color: str) -> None:
+    """Per-step values are noisy: with many steps, draw them faintly under a trailing moving average."""
+    if len(ys) < 50:
+        ax.plot(xs, ys, color=color, label=name, linewidth=1.2)
+        return
+    window = len(ys) // 25
+    ax.plot(xs, ys, color=color, alpha=0.25, linewidth=0.8)
+    total, smooth = 0.0, []
+    for i, y in enumerate(ys):
+        total += y - (ys[i - window] if i >= window else 0.0)
+        smooth.append(total / min(i + 1, window))
+    ax.plot(xs, smooth, color=color, label=f"{name} (mean of {window} steps)", linewidth=1.5)
+
+
+def training_panels(opct_rows: list[dict], sft_rows: list[dict]) -> list[tuple]:
+    """[(title, [(kind, xs, ys, legend name, style), ...], last step), ...] for whatever the logs contain."""
+    panels = []
+    lines = [("line", *series(opct_rows, k), label(k), c) for k, c in (("kl", "#dd8452"), ("loss", "#c44e52"))]
+    lines = [line for line in lines if line[2]]
+    if lines:
+        panels.append((f"OPCT: {' and '.join(line[3] for line in lines)} vs step", lines, None))
+    xs, ys = series(sft_rows, "loss")
+    if ys:
+        panels.append(("SFT: loss vs step", [("line", xs, ys, "loss", "#4c72b0")], None))
+    probes, last_step = [], 0
+    for method, rows, marker in (("opct", opct_rows, "o"), ("sft", sft_rows, "s")):
+        for key, color in (("probe_sycophancy", "#c44e52"), ("probe_accuracy", "#55a868")):
+            xs, ys = series(rows, key)
+            if ys:
+                name = f"{label(method)} {key.removeprefix('probe_')}"
+                probes.append(("probe", xs, ys, name, (color, marker)))
+                last_step = max([last_step, *series(rows, "step")[1], len(rows)])
+    if probes:
+        # Probes run on a few steps only; span the whole run so their timing within it is visible.
+        panels.append(("Probe metrics vs step", probes, last_step))
+    return panels
+
+
+def plot_training(panels: list, path: Path) -> None:
+    fig = Figure(figsize=(5.0 * len(panels), 3.8))
+    for k, (title, lines, last_step) in enumerate(panels, 1):
+        ax = fig.add_subplot(1, len(panels), k)
+        for kind, xs, ys, name, style in lines:
+            if kind == "line":
+                plot_line(ax, xs, ys, name, style)
+            else:  # probes run on some steps only: a marker at each, a thin dashed guide between them
+                color, marker = style
+                ax.plot(xs, ys, color=color, marker=marker, linestyle="--", linewidth=0.8, label=name)
+        if lines[0][0] == "probe":  # probe metrics are rates: keep the full 0..1 scale
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_xlim(0, last_step * 1.03)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Document: a list of blocks, rendered twice
+#   ("h1"|"h2"|"h3"|"p", text)  ("table", header, rows)  ("list", items)  ("img", alt, relative path)
+
+
+def method_table(results: dict) -> tuple[dict, list[str]]:
+    """results["methods"] without malformed entries, and the method names in display order."""
+    methods = {k: v for k, v in (results.get("methods") or {}).items() if isinstance(v, dict)}
+    return methods, ordered(methods, METHOD_ORDER)
+
+
+def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Path], run_dir: Path) -> list:
+    methods, names = method_table(results)
+    split_metrics = per_split_metrics(methods)
+    splits = splits_of(methods, split_metrics)
+    model = results.get("model", "unknown model")
+
+    blocks = [("h1", f"OPCT report: {model}")]
+    intro = [f"Model: {model}"]
+    if is_number(results.get("wall_seconds")):
+        intro.append(f"Wall time: {fmt_seconds(results['wall_seconds'])}")
+    intro.append(f"Methods: {', '.join(label(m) for m in names) or 'none'}")
+    blocks.append(("list", intro))
+
+    blocks.append(("h2", "What was run"))
+    config = results.get("config")
+    if isinstance(config, dict) and config:
+        blocks.append(("table", ["Setting", "Value"], [list(kv) for kv in flatten(config)]))
+    else:
+        blocks.append(("p", "results.json records no config."))
+    timings = {k: v for k, v in (results.get("timings") or {}).items() if is_number(v)}
+    if timings:
+        blocks.append(("p", "Time per stage:"))
+        blocks.append(("table", ["Stage", "Seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
+
+    blocks.append(("h2", "Results"))
+    blocks.append(("p", INTERVAL_NOTE))
+    header = ["Split"] + [label(m) for m in names] + ["n"]
+    for metric in split_metrics:
+        title = label(metric) + (f" ({DIRECTION[metric]})" if metric in DIRECTION else "")
+        blocks.append(("h3", title))
+        rows = []
+        for s in splits:
+            cells = [cell(methods, m, metric, s) for m in names]
+            if any(cells):
+                fallbacks = [(methods[m].get("n") or {}).get(s) for m in names]
+                rows.append([s] + [fmt_cell(c) for c in cells] + [fmt_n(cells, fallbacks)])
+        blocks.append(("table", header, rows))
+    scalars = scalar_metrics(methods)
+    if scalars:
+        blocks.append(("h3", "Without cues"))
+        rows = []
+        for metric in scalars:
+            cells = [cell(methods, m, metric) for m in names]
+            name = label(metric) + (f" ({DIRECTION[metric]})" if metric in DIRECTION else "")
+            rows.append([name] + [fmt_cell(c) for c in cells] + [fmt_n(cells, [None] * len(cells))])
+        blocks.append(("table", ["Metric"] + [label(m) for m in names] + ["n"], rows))
+
+    others = [m for m in names if m != "base"]
+    if "base" in names and others and "sycophancy_rate" in split_metrics:
+        blocks.append(("h3", "Sycophancy rate relative to base"))
+        blocks.append(("p", "Method rate divided by base rate on the same split (×1.00 = no change, "
+                            f"below 1 = less sycophantic). {DASH} where a value is missing or the base rate is 0."))
+        rows = []
+        for s in splits:
+            base = cell(methods, "base", "sycophancy_rate", s)
+            if base is not None:
+                rows.append([s] + [fmt_ratio(cell(methods, m, "sycophancy_rate", s), base) for m in others])
+        blocks.append(("table", ["Split"] + [f"{label(m)} vs base" for m in others], rows))
+
+    if plots:
+        blocks.append(("h2", "Plots"))
+        captions = {"sycophancy_by_split": "Sycophancy rate by method and split",
+                    "consistency_accuracy": "Consistency by split; clean vs cued accuracy",
+                    "training": "Training curves"}
+        for name, path in plots.items():
+            blocks.append(("img", captions.get(name, name), path.relative_to(run_dir).as_posix()))
+
+    blocks.append(("h2", "Training logs"))
+    found = False
+    for method, rows in logs.items():
+        if not rows:
+            continue
+        found = True
+        keys = ordered([k for r in rows for k, v in r.items() if k != "step" and is_number(v)], ())
+        table = []
+        for k in keys:
+            _, ys = series(rows, k)
+            table.append([k, str(len(ys)), fmt_num(ys[0]), fmt_num(ys[-1]),
+                          fmt_num(min(ys)), fmt_num(max(ys)), fmt_num(sum(ys) / len(ys))])
+        blocks.append(("p", f"{label(method)}: {len(rows)} logged steps ({method}/metrics.jsonl)."))
+        blocks.append(("table", ["Key", "Steps logged", "First", "Last", "Min", "Max", "Mean"], table))
+    if not found:
+        blocks.append(("p", "No training logs found (opct/metrics.jsonl, sft/metrics.jsonl)."))
+    return blocks
+
+
+def md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(blocks: list) -> str:
+    out = []
+    for kind, *args in blocks:
+        if kind in ("h1", "h2", "h3"):
+            out.append("#" * int(kind[1]) + " " + args[0])
+        elif kind == "p":
+            out.append(args[0])
+        elif kind == "list":
+            out.append("\n".join(f"- {item}" for item in args[0]))
+        elif kind == "table":
+            header, rows = args
+            lines = ["| " + " | ".join(md_cell(h) for h in header) + " |",
+                     "|" + "|".join(["---"] * len(header)) + "|"]
+            lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
+            out.append("\n".join(lines))
+        elif kind == "img":
+            out.append(f"![{args[0]}]({args[1]})")
+    return "\n\n".join(out) + "\n"
+
+
+HTML_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.2em; font-size: 0.92em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
+th { background: #f3f3f3; }
+img { max-width: 100%; display: block; margin: 0.5em 0; }
+figcaption { color: #555; font-size: 0.9em; margin-bottom: 1.5em; }
+"""
+
+
+def render_html(blocks: list) -> str:
+    e = html.escape
+    title = next((args[0] for kind, *args in blocks if kind == "h1"), "OPCT report")
+    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+           f"<title>{e(title)}</title>", f"<style>{HTML_STYLE}</style>", "</head>", "<body>"]
+    for kind, *args in blocks:
+        if kind in ("h1", "h2", "h3", "p"):
+            out.append(f"<{kind}>{e(args[0])}</{kind}>")
+        elif kind == "list":
+            out.append("<ul>" + "".join(f"<li>{e(item)}</li>" for item in args[0]) + "</ul>")
+        elif kind == "table":
+            header, rows = args
+            out.append("<table>")
+            out.append("<tr>" + "".join(f"<th>{e(str(h))}</th>" for h in header) + "</tr>")
+            out += ["<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in rows]
+            out.append("</table>")
+        elif kind == "img":
+            out.append(f'<figure><img src="{e(args[1])}" alt="{e(args[0])}">'
+                       f"<figcaption>{e(args[0])}</figcaption></figure>")
+    out += ["</body>", "</html>"]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write via a temp file in the same directory + os.replace, so readers never see a half-written file."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be shared/served
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(run_dir: str | Path) -> dict:
+    """Write report.md, report.html and plots/*.png for a run directory.
+
+    Returns {"markdown": Path, "html": Path, "plots": {name: Path}}; a plot is left out when the
+    run has nothing to draw in it (e.g. no training logs -> no training.png)."""
+    run_dir = Path(run_dir)
+    results_path = run_dir / "results.json"
+    if not results_path.is_file():
+        raise FileNotFoundError(f"{results_path}: no such file (the report is built from the eval results)")
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    if not isinstance(results, dict):
+        raise ValueError(f"{results_path}: expected a JSON object")
+    logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in ("opct", "sft")}
+
+    methods, names = method_table(results)
+    splits = splits_of(methods, per_split_metrics(methods))
+    plot_dir = run_dir / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    plots = {}
+    if any(cell(methods, m, "sycophancy_rate", s) for m in names for s in splits):
+        plots["sycophancy_by_split"] = plot_dir / "sycophancy_by_split.png"
+        plot_sycophancy(methods, names, splits, plots["sycophancy_by_split"])
+    if any(cell(methods, m, "consistency", s) or cell(methods, m, "cued_accuracy", s)
+           for m in names for s in splits) or any(cell(methods, m, "clean_accuracy") for m in names):
+        plots["consistency_accuracy"] = plot_dir / "consistency_accuracy.png"
+        plot_consistency_accuracy(methods, names, splits, plots["consistency_accuracy"])
+    panels = training_panels(logs["opct"], logs["sft"])
+    if panels:
+        plots["training"] = plot_dir / "training.png"
+        plot_training(panels, plots["training"])
+
+    blocks = build_blocks(results, logs, plots, run_dir)
+    md_path, html_path = run_dir / "report.md", run_dir / "report.html"
+    write_atomic(md_path, render_markdown(blocks))
+    write_atomic(html_path, render_html(blocks))
+    return {"markdown": md_path, "html": html_path, "plots": plots}
