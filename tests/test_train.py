@@ -159,3 +159,25 @@ def test_yaml_then_cli_precedence(tmp_path):
     y.write_text("learning_rate: 1\n")
     with pytest.raises(config.ConfigError, match="unknown option 'learning_rate'"):
         config.build(TrainConfig, p.parse_args(["--config", str(y)]))
+
+
+def test_sft_trains_on_frozen_clean_answers(tiny_model_dir, tmp_path):
+    from opct.config import SFTConfig
+    from opct.models import load_model
+    from opct.pairs import render_prompt
+    from opct.rollout import SamplingSettings, sample
+    from opct.sft import train_sft
+
+    out = tmp_path / "sft"
+    cfg = SFTConfig(**{**cfg_for(tiny_model_dir, out, steps=12, lr=3e-2, lora_rank=8).__dict__, "temperature": 0.0})
+    train_sft(cfg, pairs=make_pairs(), show_progress=False)
+    # targets: the frozen model's greedy answer to each clean prompt, paired with that pair's cued prompt
+    model, tok = load_model(str(tiny_model_dir))
+    examples = [json.loads(x) for x in (out / "targets.jsonl").read_text().splitlines()]
+    assert len(examples) == len(QS) * cfg.samples_per_prompt
+    clean = render_prompt(tok, make_pairs()[0].teacher)
+    want = sample(model, [clean], SamplingSettings(cfg.max_new_tokens, 0.0), {tok.eos_token_id}, tok.pad_token_id)[0]
+    assert examples[0][1] == want and examples[0][0] == render_prompt(tok, make_pairs()[0].student)
+    loss = [r["loss"] for r in metrics(out)]
+    assert loss[-1] < 0.5 * loss[0], loss
+    assert (out / "model" / "adapter_config.json").is_file()

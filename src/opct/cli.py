@@ -16,6 +16,14 @@ def cmd_train(args) -> None:
     print(f"opct: done -> {out}/model (metrics: {out}/metrics.jsonl)")
 
 
+def cmd_sft(args) -> None:
+    from opct.sft import train_sft
+
+    cfg = config.build(config.SFTConfig, args)
+    out = train_sft(cfg)
+    print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(prog="opct", description="On-Policy Consistency Training of language models.")
@@ -26,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
                                    "student minimises per-token reverse KL. Options may also come from --config YAML.")
     config.add_arguments(p, config.TrainConfig)
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("sft", help="the offline baseline: SFT on the frozen model's clean-prompt answers (BCT)",
+                       description=config.SFTConfig.__doc__)
+    config.add_arguments(p, config.SFTConfig)
+    p.set_defaults(func=cmd_sft)
 
     args = parser.parse_args(argv)
     from opct.models import ModelError

@@ -128,3 +128,13 @@ def build(cls, args: argparse.Namespace):
 
 def to_yaml(cfg) -> str:
     return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
+
+
+@dataclass
+class SFTConfig(TrainConfig):
+    """The offline baseline (BCT): the frozen initial model answers each teacher prompt once, then supervised
+    fine-tuning on (student prompt -> that answer). Same data, LoRA and optimizer options as `opct train`;
+    --temperature/--top-p/--top-k/--max-new-tokens apply to target generation; --samples-per-prompt is the
+    number of targets per teacher prompt."""
+    out: str = opt("runs/sft", "output directory (targets.jsonl, metrics.jsonl, tb/, checkpoints/, model/)")
+    temperature: float = opt(0.0, "temperature for the frozen model's targets (0 = greedy, as in BCT)")

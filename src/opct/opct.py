@@ -16,6 +16,7 @@ import json
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -145,15 +146,32 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
     t3 = time.perf_counter()
     row = {k: v / n_tokens for k, v in sums.items()}
     row.update(response_len=n_tokens / len(responses), response_tokens=n_tokens,
+               prompt_tokens=sum(map(len, prompts_s)), teacher_prompt_tokens=sum(map(len, prompts_t)),
+               decode_steps=max(map(len, responses)),
                time_sample=t1 - t0, time_teacher=t2 - t1, time_student=t3 - t2)
     return row
 
 
-def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=None, probe_every: int = 0,
-          show_progress: bool = True) -> Path:
-    """Run OPCT; returns the output directory. `probe(model, tokenizer) -> dict` (optional) is called every
-    `probe_every` steps and its numbers are logged with that step (e.g. a quick held-out eval)."""
-    # Validate everything before writing anything.
+@dataclass
+class Run:
+    """Everything a training loop needs, set up identically for OPCT and the SFT baseline."""
+    out: Path
+    model: torch.nn.Module
+    tok: object
+    teacher: Teacher
+    rendered: list  # [(student_ids, teacher_ids)] per pair
+    params: list
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    gen: torch.Generator  # the sampling RNG, checkpointed with the rest
+    start: int  # first step to run (> 0 when resuming)
+    log: MetricsLog
+    pad_id: int
+    eos_ids: set
+
+
+def start_run(cfg: TrainConfig, pairs: list[ConsistencyPair] | None) -> Run:
+    """Validate everything before writing anything, then load, add LoRA, build the optimizer, maybe resume."""
     if cfg.steps < 1 or cfg.prompts_per_step < 1 or cfg.samples_per_prompt < 1 or cfg.micro_batch < 1:
         raise RunError("steps, prompts_per_step, samples_per_prompt and micro_batch must be >= 1")
     if cfg.max_new_tokens < 1:
@@ -170,7 +188,6 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 2048)
     rendered = render_pairs(tok, pairs, max_length, cfg.max_new_tokens)
     eos_ids = {tok.eos_token_id} | set(np.atleast_1d(model.generation_config.eos_token_id or []).tolist())
-    pad_id = tok.pad_token_id
 
     if cfg.lora_rank > 0:
         model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
@@ -181,7 +198,7 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
     betas = tuple(float(x) for x in cfg.betas.split(","))
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    gen = torch.Generator().manual_seed(cfg.seed)  # the sampling RNG, checkpointed with the rest
+    gen = torch.Generator().manual_seed(cfg.seed)
 
     start = 0
     out.mkdir(parents=True, exist_ok=True)
@@ -189,36 +206,56 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
         start = checkpoint.load(checkpoint.list_checkpoints(out)[-1], model, optimizer, scheduler, gen)
     (out / "config.yaml").write_text(to_yaml(cfg))
     log = MetricsLog(out, resume_step=start, tensorboard=cfg.tensorboard)
+    return Run(out, model, tok, teacher, rendered, params, optimizer, scheduler, gen, start, log, tok.pad_token_id,
+               eos_ids)
+
+
+def optimizer_step(run: Run, cfg: TrainConfig) -> dict:
+    t = time.perf_counter()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return {"grad_norm": float(grad_norm), "lr": lr, "time_optim": time.perf_counter() - t}
+
+
+def end_step(run: Run, cfg: TrainConfig, step: int, row: dict, probe, probe_every: int, bar, show: bool) -> None:
+    """Probe, log, checkpoint: the bookkeeping shared by every loop."""
+    if probe and probe_every and ((step + 1) % probe_every == 0 or step + 1 == cfg.steps):
+        row.update(probe(run.model, run.tok) or {})
+    row["peak_mem_mb"] = peak_rss_mb()
+    run.log.log(row)
+    bar.set_postfix({k: f"{row[k]:.3f}" for k in ("kl", "loss") if k in row} | {"s": f"{row['step_seconds']:.1f}"})
+    if show:
+        timing = " ".join(f"{k[5:]} {v:.2f}s" for k, v in row.items() if k.startswith("time_"))
+        main = " ".join(f"{k} {row[k]:.4f}" for k in ("kl", "loss", "logp_student", "logp_teacher") if k in row)
+        probes = " ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("probe_"))
+        tqdm.write(f"step {step + 1:4d} | {main} | len {row['response_len']:.1f} | {timing} | "
+                   f"{row['tokens_per_s']:.0f} tok/s" + (f" | {probes}" if probes else ""))
+    if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+        checkpoint.save(run.out, step + 1, run.model, run.optimizer, run.scheduler, run.gen, cfg.keep_checkpoints)
+
+
+def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=None, probe_every: int = 0,
+          show_progress: bool = True) -> Path:
+    """Run OPCT; returns the output directory. `probe(model, tokenizer) -> dict` (optional) is called every
+    `probe_every` steps and its numbers are logged with that step (e.g. a quick held-out eval)."""
+    run = start_run(cfg, pairs)
     t_run = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="opct", disable=not show_progress)
+    bar = tqdm(range(run.start, cfg.steps), initial=run.start, total=cfg.steps, desc="opct", disable=not show_progress)
     for step in bar:
-        idx = data_order(len(rendered), cfg.seed, step * cfg.prompts_per_step, cfg.prompts_per_step)
-        row = opct_step(model, teacher, pad_id, eos_ids, [rendered[i] for i in idx], cfg, gen)
-        # 4. optimizer step
-        t4 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        row["time_optim"] = time.perf_counter() - t4
-        step_s = row["time_sample"] + row["time_teacher"] + row["time_student"] + row["time_optim"]
-        row = {"step": step + 1, **row, "grad_norm": float(grad_norm), "lr": lr, "step_seconds": step_s,
-               "tokens_per_s": row["response_tokens"] / step_s, "peak_mem_mb": peak_rss_mb()}
-        if probe and probe_every and ((step + 1) % probe_every == 0 or step + 1 == cfg.steps):
-            row.update(probe(model, tok) or {})
-        log.log(row)
-        bar.set_postfix(kl=f"{row['kl']:.3f}", s=f"{step_s:.1f}")
-        if show_progress:
-            tqdm.write(f"step {step + 1:4d} | kl {row['kl']:.4f} | logp_s {row['logp_student']:.3f} "
-                       f"logp_t {row['logp_teacher']:.3f} | len {row['response_len']:.1f} | sample "
-                       f"{row['time_sample']:.2f}s teacher {row['time_teacher']:.2f}s student "
-                       f"{row['time_student']:.2f}s optim {row['time_optim']:.2f}s | {row['tokens_per_s']:.0f} tok/s")
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-            checkpoint.save(out, step + 1, model, optimizer, scheduler, gen, cfg.keep_checkpoints)
-    log.close()
-    save_final(out, model, tok, cfg, {"wall_seconds": time.perf_counter() - t_run, "steps": cfg.steps})
-    return out
+        idx = data_order(len(run.rendered), cfg.seed, step * cfg.prompts_per_step, cfg.prompts_per_step)
+        # 1-3: sample, teacher prefill, student forward/backward
+        row = opct_step(run.model, run.teacher, run.pad_id, run.eos_ids, [run.rendered[i] for i in idx], cfg, run.gen)
+        # 4: optimizer step
+        row.update(optimizer_step(run, cfg))
+        step_s = sum(v for k, v in row.items() if k.startswith("time_"))
+        row = {"step": step + 1, **row, "step_seconds": step_s, "tokens_per_s": row["response_tokens"] / step_s}
+        end_step(run, cfg, step, row, probe, probe_every, bar, show_progress)
+    run.log.close()
+    save_final(run.out, run.model, run.tok, cfg, {"wall_seconds": time.perf_counter() - t_run, "steps": cfg.steps})
+    return run.out
 
 
 def save_final(out: Path, model, tok, cfg, summary: dict) -> None:
