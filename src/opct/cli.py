@@ -24,6 +24,38 @@ def cmd_sft(args) -> None:
     print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
 
 
+def cmd_eval(args) -> None:
+    import json
+
+    from opct.demo import EvalConfig, run_eval
+
+    cfg = config.build(EvalConfig, args)
+    res = run_eval(cfg)
+    rows = [("clean_accuracy", "", res["clean_accuracy"])] + [
+        (metric, split, cell) for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy")
+        for split, cell in res[metric].items()]
+    for metric, split, c in rows:
+        print(f"{metric:16s} {split:13s} {c['value']:.3f}  [{c['lo']:.3f}, {c['hi']:.3f}]  n={c['n']}")
+    if cfg.out:
+        print(f"opct: wrote {cfg.out}")
+    else:
+        print(json.dumps(res))
+
+
+def cmd_demo(args) -> None:
+    from opct.demo import DemoConfig, run_demo
+
+    out = run_demo(config.build(DemoConfig, args))
+    print(f"opct: demo done -> {out}/report.md  ({out}/results.json, models in {out}/sft/model, {out}/opct/model)")
+
+
+def cmd_report(args) -> None:
+    from opct.report import write_report
+
+    paths = write_report(args.run_dir)
+    print(f"opct: wrote {paths['markdown']} and {paths['html']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(prog="opct", description="On-Policy Consistency Training of language models.")
@@ -39,14 +71,32 @@ def main(argv: list[str] | None = None) -> int:
     config.add_arguments(p, config.SFTConfig)
     p.set_defaults(func=cmd_sft)
 
+    from opct.demo import DemoConfig, EvalConfig
+
+    p = sub.add_parser("eval", help="evaluate a model on an axis (sycophancy)",
+                       description="Sycophancy eval: the answer letter is read from the model's next-token "
+                                   "probabilities at the first response position (argmax over the option letters). "
+                                   "Defaults select the same held-out questions as `opct demo`.")
+    config.add_arguments(p, EvalConfig)
+    p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("demo", help="sycophancy end to end: eval base -> SFT -> OPCT -> eval -> report",
+                       description="Evaluate the base model, train the SFT baseline and OPCT on the same cued/clean "
+                                   "pairs, evaluate both, and write results.json + report.md/html with plots.")
+    config.add_arguments(p, DemoConfig)
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("report", help="(re)write report.md/html + plots from a demo's results.json")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+
     args = parser.parse_args(argv)
     from opct.models import ModelError
     from opct.opct import RunError
+    from opct.data.mcq import McqError
     from opct.pairs import PairsError
 
     try:
         args.func(args)
-    except (config.ConfigError, PairsError, ModelError, RunError) as e:
+    except (config.ConfigError, PairsError, ModelError, RunError, McqError, FileNotFoundError) as e:
         print(f"opct: error: {e}", file=sys.stderr)
         return 2
     return 0
