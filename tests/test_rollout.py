@@ -60,3 +60,25 @@ def test_top_k_and_top_p_restrict_support():
     assert set(p.tolist()) == {0, 1}  # softmax = .665, .245, .09, ...: the 0.8 nucleus is {0, 1}
     full = next_token(logits, SamplingSettings(temperature=1.0), g)
     assert {0, 1, 2} <= set(full.tolist())
+
+
+def test_response_forward_on_prefill_cache_equals_full_forward_with_gradients(tiny_model_dir):
+    from opct.models import add_lora
+    from opct.rollout import prefill
+    from opct.scoring import response_logits_after_prefill
+
+    model, tok = load_model(str(tiny_model_dir))
+    model = add_lora(model, 4, 8.0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    ps = prompts(tok)
+    rs = [[100, 200, 300, 2], [5, 2]]
+    full = response_logits(model, build_batch(ps, rs, tok.pad_token_id))
+    g_full = torch.autograd.grad(full[0, :4].sum() + full[1, :2].sum(), [p for p in model.parameters() if p.requires_grad])
+    fused = response_logits_after_prefill(model, prefill(model, ps, tok.pad_token_id), rs, tok.pad_token_id)
+    g_fused = torch.autograd.grad(fused[0, :4].sum() + fused[1, :2].sum(), [p for p in model.parameters() if p.requires_grad])
+    assert torch.allclose(full[0, :4], fused[0, :4], atol=1e-4) and torch.allclose(full[1, :2], fused[1, :2], atol=1e-4)
+    for a, b in zip(g_full, g_fused):
+        assert (a - b).norm() <= 1e-5 * a.norm()

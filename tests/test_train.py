@@ -57,8 +57,10 @@ def test_grad_accumulation_equals_one_big_batch(tiny_model_dir, lora_rank):
         grads.append(({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, row))
     (g6, r6), (g2, r2) = grads
     assert r6["response_tokens"] == r2["response_tokens"] and r6["kl"] == pytest.approx(r2["kl"], rel=1e-5)
+    # mb=6 takes the fused path (prompt prefill shared with sampling), mb=2 the separate one: equal up to float
+    # rounding. A normalisation bug (per-micro-batch averaging) would be off by a factor, not by 1e-5.
     for n in g6:
-        assert torch.allclose(g6[n], g2[n], atol=1e-6, rtol=1e-4), n
+        assert (g6[n] - g2[n]).norm() <= 1e-5 * g6[n].norm() + 1e-7, n
 
 
 @pytest.mark.parametrize("lora_rank", [4, 0])

@@ -5,6 +5,8 @@ Every step:
   2. teacher  log p_T(y_t | teacher prompt, y_<t) in one prefill      (frozen initial model, no grad)
   3. student  log p_S(y_t | student prompt, y_<t) with grad, loss = per-token reverse KL (losses.py),
               summed over response tokens and divided by the step's total response-token count
+              (when the step is one micro-batch, the prompt part of this forward is the one step 1 already
+              ran with grad for sampling: only the response tokens are run again, on its KV cache)
   4. AdamW step (grad clipping, LR schedule), then repeat with fresh samples.
 The teacher is the initial model: with LoRA the same module with adapters disabled, otherwise a frozen copy.
 """
@@ -28,8 +30,8 @@ from opct.config import TrainConfig, to_yaml
 from opct.metrics import MetricsLog, peak_rss_mb
 from opct.models import Teacher, add_lora, load_model
 from opct.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
-from opct.rollout import SamplingSettings, sample
-from opct.scoring import build_batch, response_logits
+from opct.rollout import SamplingSettings, decode, prefill, sample
+from opct.scoring import build_batch, response_logits, response_logits_after_prefill
 
 
 class RunError(RuntimeError):
@@ -105,9 +107,20 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
     chunks = [slice(i, i + mb) for i in range(0, len(prompts_s), mb)]
 
+    # One micro-batch, LoRA, no dropout: the student's prompt forward (with grad) doubles as the sampler's prefill,
+    # and step 3 runs only the response tokens on top of its KV cache. This saves one prompt prefill per step.
+    # (Full fine-tuning keeps the separate path: with grad-carrying weights the cached forward rounds differently
+    # from the frozen copy's, and identical prompts must give exactly zero KL.)
+    fused = len(chunks) == 1 and cfg.lora_dropout == 0 and teacher.shared
+
     # 1. sample from the student on the perturbed prompts
     t0 = time.perf_counter()
-    responses = sample(model, prompts_s, settings, eos_ids, pad_id, gen)
+    if fused:
+        model.eval()  # no dropout either way; eval mode only makes that explicit
+        pre = prefill(model, prompts_s, pad_id)
+        responses = decode(model, pre, settings, eos_ids, pad_id, gen)
+    else:
+        responses = sample(model, prompts_s, settings, eos_ids, pad_id, gen)
     n_tokens = sum(len(r) for r in responses)  # global normaliser for every micro-batch
 
     # 2. the frozen teacher scores the same tokens after the clean prompt (one prefill per micro-batch)
@@ -116,17 +129,21 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
     with teacher() as tm:
         for c in chunks:
             b = build_batch(prompts_t[c], responses[c], pad_id)
-            logits_t_BTV = response_logits(tm, b)
+            # Same computation as the student's (below), so identical prompts give bit-identical log-probs.
+            logits_t_BTV = (response_logits_after_prefill(tm, prefill(tm, prompts_t, pad_id), responses, pad_id)
+                            if fused else response_logits(tm, b))
             teacher_out.append(logits_t_BTV if cfg.loss in losses.EXACT
                                else losses.token_logprobs(logits_t_BTV, b.response_BT))
 
     # 3. the student scores them after the perturbed prompt, with grad; accumulate the normalised loss
     t2 = time.perf_counter()
-    model.train()
+    if not fused:
+        model.train()
     sums = {"loss": 0.0, "kl": 0.0, "logp_student": 0.0, "logp_teacher": 0.0}
     for c, t_out in zip(chunks, teacher_out):
         b = build_batch(prompts_s[c], responses[c], pad_id)
-        logits_s_BTV = response_logits(model, b)
+        logits_s_BTV = (response_logits_after_prefill(model, pre, responses, pad_id) if fused
+                        else response_logits(model, b))
         logp_s_BT = losses.token_logprobs(logits_s_BTV, b.response_BT)
         m_BT = b.mask_BT.float()
         if cfg.loss == "sampled":

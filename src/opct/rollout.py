@@ -49,35 +49,59 @@ def next_token(logits_BV: torch.Tensor, s: SamplingSettings, generator: torch.Ge
     return torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
-def sample(model, prompts: list[list[int]], settings: SamplingSettings, eos_ids: set[int], pad_id: int,
-           generator: torch.Generator | None = None) -> list[list[int]]:
-    """Sample one response per prompt (repeat a prompt to get several). Each response ends with its EOS token
-    when one was produced within max_new_tokens (the EOS is part of the response and of the loss)."""
-    was_training = model.training
-    model.eval()
+@dataclass
+class Prefill:
+    """The prompts' forward pass: its KV cache (with the autograd graph when run under grad), the logits that
+    predict the first response token, and the padding layout."""
+    cache: DynamicCache
+    last_logits_BV: torch.Tensor
+    mask_BL: torch.Tensor
+    last_pos_B: torch.Tensor
+
+
+def prefill(model, prompts: list[list[int]], pad_id: int) -> Prefill:
     ids_BL, mask_BL, pos_BL = left_pad(prompts, pad_id)
-    B = len(prompts)
     cache = DynamicCache()
     out = model(input_ids=ids_BL, attention_mask=mask_BL, position_ids=pos_BL, past_key_values=cache,
                 use_cache=True, logits_to_keep=1)
-    pos_B = pos_BL[:, -1]
+    return Prefill(cache, out.logits[:, -1], mask_BL, pos_BL[:, -1])
+
+
+@torch.no_grad()
+def decode(model, pre: Prefill, settings: SamplingSettings, eos_ids: set[int], pad_id: int,
+           generator: torch.Generator | None = None) -> list[list[int]]:
+    """Sample one response per row, continuing from a prefill. Each response ends with its EOS token when one
+    was produced within max_new_tokens (the EOS is part of the response and of the loss)."""
+    # A detached view of the prompt KV: decoding never touches the prefill's autograd graph or its cache object.
+    cache = DynamicCache(ddp_cache_data=[(layer.keys.detach(), layer.values.detach()) for layer in pre.cache.layers])
+    mask_BL, pos_B, logits_BV = pre.mask_BL, pre.last_pos_B, pre.last_logits_BV.detach()
+    B = mask_BL.shape[0]
     eos_V = torch.tensor(sorted(eos_ids), dtype=torch.long)
     done_B = torch.zeros(B, dtype=torch.bool)
     responses: list[list[int]] = [[] for _ in range(B)]
     for _ in range(settings.max_new_tokens):
-        tok_B = next_token(out.logits[:, -1].float(), settings, generator)
+        tok_B = next_token(logits_BV.float(), settings, generator)
         tok_B = torch.where(done_B, torch.full_like(tok_B, pad_id), tok_B)
         for i in (~done_B).nonzero().flatten().tolist():
             responses[i].append(int(tok_B[i]))
         done_B |= torch.isin(tok_B, eos_V)
         if bool(done_B.all()):
             break
-        # Finished rows keep decoding a pad token (masked out of attention for later steps is unnecessary: their
-        # outputs are discarded), which keeps the batch rectangular for the KV cache.
+        # Finished rows keep decoding a pad token (their outputs are discarded), which keeps the batch rectangular.
         mask_BL = torch.cat([mask_BL, torch.ones((B, 1), dtype=mask_BL.dtype)], dim=1)
         pos_B = pos_B + 1
         out = model(input_ids=tok_B[:, None], attention_mask=mask_BL, position_ids=pos_B[:, None],
                     past_key_values=cache, use_cache=True)
+        logits_BV = out.logits[:, -1]
+    return responses
+
+
+def sample(model, prompts: list[list[int]], settings: SamplingSettings, eos_ids: set[int], pad_id: int,
+           generator: torch.Generator | None = None) -> list[list[int]]:
+    """Prefill (no grad, eval mode) + decode: one response per prompt (repeat a prompt to get several)."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        responses = decode(model, prefill(model, prompts, pad_id), settings, eos_ids, pad_id, generator)
     model.train(was_training)
     return responses

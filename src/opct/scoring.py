@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from opct.rollout import left_pad
+from opct.rollout import Prefill, left_pad
 
 
 @dataclass
@@ -44,3 +44,25 @@ def response_logits(model, batch: Batch) -> torch.Tensor:
     out = model(input_ids=batch.input_ids_BL, attention_mask=batch.attention_mask_BL,
                 position_ids=batch.position_ids_BL, logits_to_keep=T + 1, use_cache=False)
     return out.logits[:, :-1].float()
+
+
+def response_logits_after_prefill(model, pre: Prefill, responses: list[list[int]], pad_id: int) -> torch.Tensor:
+    """The same logits_BTV as `response_logits(model, build_batch(prompts, responses))`, computed by running only
+    the response tokens on top of a prefill's KV cache. When the prefill ran under grad, gradients flow back
+    through the cached keys/values into the prompt positions, exactly as in one full forward."""
+    T = max(1, max(len(r) for r in responses))
+    B = len(responses)
+    resp_BT = torch.full((B, T), pad_id, dtype=torch.long)
+    rmask_BT = torch.zeros((B, T), dtype=torch.long)
+    for i, r in enumerate(responses):
+        resp_BT[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        rmask_BT[i, :len(r)] = 1
+    first_B1V = pre.last_logits_BV[:, None].float()
+    if T == 1:
+        return first_B1V
+    # Token t (t < T-1) predicts token t+1; its position continues each row's prompt positions.
+    pos_BT = pre.last_pos_B[:, None] + 1 + torch.arange(T - 1)[None]
+    mask_BL = torch.cat([pre.mask_BL, rmask_BT[:, :T - 1]], dim=1)
+    out = model(input_ids=resp_BT[:, :T - 1], attention_mask=mask_BL, position_ids=pos_BT,
+                past_key_values=pre.cache, use_cache=True)
+    return torch.cat([first_B1V, out.logits.float()], dim=1)
