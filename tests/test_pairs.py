@@ -110,3 +110,19 @@ def test_roundtrip_keeps_meta(tmp_path):
     assert row == {"student": [Q], "teacher": [Q], "suggested": "C"}
     back = load_pairs(tmp_path / "p.jsonl")
     assert back[0].meta["suggested"] == "C" and back[0].meta["_where"].endswith("p.jsonl:1")
+
+
+def test_response_prefix_is_rendered_open_on_both_sides(tokenizer):
+    prefix = {"role": "assistant", "content": "The answer is ("}
+    s = render_prompt(tokenizer, [{"role": "system", "content": "cue"}, Q, prefix])
+    t = render_prompt(tokenizer, [Q, prefix])
+    assert tokenizer.decode(t).endswith("<|im_start|>assistant\nThe answer is (")  # no end-of-turn, no new turn
+    assert s[-8:] == t[-8:]
+
+
+def test_mismatched_response_prefix_is_an_error(tmp_path):
+    row = {"student": [Q, {"role": "assistant", "content": "The answer is ("}], "teacher": [Q]}
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps(row) + "\n")
+    with pytest.raises(PairsError, match=r"p.jsonl:1: field 'student' and 'teacher' must end with the same"):
+        load_pairs(p)

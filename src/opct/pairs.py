@@ -42,9 +42,17 @@ def check_messages(messages, where: str, side: str) -> list[dict]:
         if not isinstance(content, str):
             raise PairsError(f"{where}: field '{f}.content' must be a string")
         out.append({"role": role, "content": content})
-    if out[-1]["role"] == "assistant":
-        raise PairsError(f"{where}: field '{side}' ends with an assistant turn; the last turn must be the prompt to answer")
     return out
+
+
+def check_response_prefix(student: list[dict], teacher: list[dict], where: str) -> None:
+    """A side may end with a partial assistant turn (e.g. "The answer is (") that the response continues; then
+    both sides must end with the same one, so the same response tokens follow the same text."""
+    s_pre = student[-1]["content"] if student[-1]["role"] == "assistant" else None
+    t_pre = teacher[-1]["content"] if teacher[-1]["role"] == "assistant" else None
+    if s_pre != t_pre:
+        raise PairsError(f"{where}: field 'student' and 'teacher' must end with the same turn role and, when it is an "
+                         f"assistant response prefix, the same text (student: {s_pre!r}, teacher: {t_pre!r})")
 
 
 def load_pairs(path: str | Path) -> list[ConsistencyPair]:
@@ -69,6 +77,7 @@ def load_pairs(path: str | Path) -> list[ConsistencyPair]:
                     raise PairsError(f"{where}: missing field '{side}'")
             student = check_messages(row.pop("student"), where, "student")
             teacher = check_messages(row.pop("teacher"), where, "teacher")
+            check_response_prefix(student, teacher, where)
             pairs.append(ConsistencyPair(student, teacher, {**row, "_where": where}))
     if not pairs:
         raise PairsError(f"{path}: file has no pairs (empty)")
@@ -83,12 +92,16 @@ def save_pairs(pairs: list[ConsistencyPair], path: str | Path) -> None:
 
 
 def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` + the assistant generation prompt, via the tokenizer's chat template."""
+    """Token ids of `messages` + the assistant generation prompt, via the tokenizer's chat template; when the last
+    message is an assistant turn, it is left open instead (a response prefix the model continues)."""
     if not getattr(tokenizer, "chat_template", None):
         raise PairsError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
             "consistency pairs are chat transcripts, so use an instruction-tuned model or set tokenizer.chat_template")
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    # A final assistant turn is a response prefix: rendered open (no end-of-turn) for the model to continue.
+    prefix = messages[-1]["role"] == "assistant"
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=not prefix,
+                                        continue_final_message=prefix, return_dict=False)
     if hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
