@@ -1,0 +1,249 @@
+"""opct vs TRL's SDFTTrainer, side by side on this machine: step time, phases, peak RSS, and the bounds.
+
+    pip install -e '.[bench]'
+    python benchmarks/vs_trl.py --model /tmp/smol --rounds 2 --steps 5 --warmup 1 [--full] [--out vs_trl.json]
+
+Each round runs `benchmarks/step.py` (opct) and `benchmarks/trl_step.py` (TRL), each in its own
+subprocess so each side's peak RSS is its own, alternating (and swapping who goes first every round) so
+that slow drift of the machine hits both sides alike. The machine must otherwise be idle: on 2 cores one
+competing process more than halves either side's speed; `--wait-idle S` waits up to S seconds for that. Then `benchmarks/bounds.py` measures the machine. With `--full` every
+round also runs both sides as full fine-tunes (`--lora-rank 0`). If step.py is missing, TRL is reported alone.
+
+Summary per configuration: each side's median over all measured steps (every round pooled), the median
+per-phase split across rounds, the largest peak RSS, `ratio` = opct / TRL for step time and peak RSS (the
+issue's target: step time <= 0.5), and each phase against its bound:
+
+  teacher  FLOPs = F(teacher prompt + response tokens, response logits)                 vs matmul peak
+  student  FLOPs = k x F(student prompt + response tokens, response logits)             vs matmul peak
+           k = 2 with LoRA (forward + activation gradients; frozen weights get no weight gradients),
+           k = 3 for a full fine-tune (forward + activation + weight gradients).
+  optim    AdamW step, memory-bound: reads param, grad and both moments, writes param and moments
+           = 7 x 4 bytes per trainable fp32 parameter                                   vs copy bandwidth
+  sample   seconds per decode step (phase seconds / decode steps, prompt prefill included)
+           vs weights bytes / read bandwidth (every weight read once per step); the phase bound adds
+           the prompt prefill at matmul peak
+  step     median step seconds vs the sum of the phase bounds
+
+where F(tokens, logits) = 2 x non-embedding params x tokens + 2 x hidden x vocab x logits (bounds.py's
+`flops_per_token`: the lm_head runs only where logits are kept, attention score FLOPs and LoRA adapter
+FLOPs are left out, so achieved figures are slight underestimates). Token counts are real (unpadded)
+tokens per step from each side's JSON (`prompt_tokens`, `teacher_prompt_tokens` if given, else the prompt
+count, `response_tokens`, `decode_steps`): padding counts as wasted time, not as work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import median  # noqa: E402
+
+OPCT_STEP = os.path.join(HERE, "step.py")
+TRL_STEP = os.path.join(HERE, "trl_step.py")
+BOUNDS = os.path.join(HERE, "bounds.py")
+
+
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """Cores kept busy by other processes right now (from /proc/stat; this script itself is idle meanwhile)."""
+    def sample():
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except OSError:
+        return None
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / max(total1 - total0, 1))
+
+
+def wait_idle(max_wait_s: float) -> None:
+    """Wait (up to max_wait_s) until other processes use under a quarter of a core, so runs are not shared."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline and (busy_cores() or 0.0) > 0.25:
+        time.sleep(5)
+
+
+def run_json(script: str, flags: list[str]) -> dict:
+    """Run a benchmark script in a fresh interpreter and return the last JSON line it printed."""
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    busy_before = busy_cores()
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"{os.path.basename(script)} exited {proc.returncode}", "stderr_tail": proc.stderr[-3000:],
+                "busy_cores_before": busy_before}
+    result = json.loads(lines[-1])
+    result["process_wall_s"] = wall
+    result["busy_cores_before"] = busy_before
+    return result
+
+
+def pool_runs(runs: list[dict]) -> dict | None:
+    """Combine one side's runs: median over all measured steps, median phase split, largest peak RSS."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"errors": runs} if runs else None
+    steps = [s for r in ok for s in r["steps_s"]]
+    phase_names = sorted({k for r in ok for k in r.get("phases_s", {})})
+    token_keys = ("prompt_tokens", "teacher_prompt_tokens", "response_tokens", "decode_steps")
+    pooled = {
+        "median_step_s": median(steps),
+        "steps_s": steps,
+        "phases_s": {k: median([r["phases_s"][k] for r in ok if k in r["phases_s"]]) for k in phase_names},
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
+        "runs": len(ok),
+        "cpu_util": [r.get("cpu_util") for r in ok],
+    }
+    for key in token_keys:
+        values = [r[key] for r in ok if r.get(key) is not None]
+        if values:
+            pooled[key] = sum(values) / len(values)
+    if len(ok) < len(runs):
+        pooled["errors"] = [r for r in runs if "error" in r]
+    return pooled
+
+
+def forward_flops(bounds: dict, tokens: float, logits: float) -> float:
+    fpt = bounds["model"]["flops_per_token"]
+    return fpt["body"] * tokens + fpt["lm_head"] * logits
+
+
+def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
+    """Each phase of one side against this machine's bound (see the module docstring for the formulas)."""
+    if side is None or "median_step_s" not in side or "response_tokens" not in side:
+        return {"note": "no token counts from this side; cannot relate phases to bounds"}
+    phases, peak = side["phases_s"], bounds["matmul"]["gflops"]
+    response = side["response_tokens"]
+    student_prompt = side.get("prompt_tokens", 0.0)
+    teacher_prompt = side.get("teacher_prompt_tokens", student_prompt)
+    k = 2 if lora_rank > 0 else 3
+    flops = {
+        "teacher": forward_flops(bounds, teacher_prompt + response, response),
+        "student": k * forward_flops(bounds, student_prompt + response, response),
+    }
+    table = {}
+    for name, f in flops.items():
+        seconds = phases.get(name)
+        if not seconds:
+            continue
+        achieved = f / seconds / 1e9
+        table[name] = {
+            "seconds": seconds,
+            "gflop": f / 1e9,
+            "achieved_gflops": achieved,
+            "peak_gflops": peak,
+            "fraction_of_peak": achieved / peak,
+            "bound_s": f / (peak * 1e9),
+        }
+    if phases.get("optim"):
+        trainable = bounds["model"]["lora_params"] if lora_rank > 0 else bounds["model"]["params"]["total"]
+        bound_s = 7 * 4 * trainable / (bounds["bandwidth"]["copy_gbs"] * 1e9)
+        table["optim"] = {"seconds": phases["optim"], "bound_s": bound_s, "times_bound": phases["optim"] / bound_s,
+                          "trainable_params": trainable}
+    decode = bounds["decode"].get(str(lora_rank)) or bounds["decode"]["0"]
+    if phases.get("sample") and side.get("decode_steps"):
+        per_step = phases["sample"] / side["decode_steps"]
+        # Whole-phase bound: every decode step streams the weights, plus the prompt prefill at matmul peak.
+        bound_s = side["decode_steps"] * decode["s_per_step_weights"] + forward_flops(bounds, student_prompt, 0) / (peak * 1e9)
+        table["sample"] = {
+            "seconds": phases["sample"],
+            "decode_steps": side["decode_steps"],
+            "s_per_decode_step": per_step,
+            "bound_s_per_decode_step": decode["s_per_step_weights"],
+            "times_bound": per_step / decode["s_per_step_weights"],
+            "bound_s": bound_s,
+            "weight_bytes": decode["weight_bytes"],
+            "read_gbs": decode["bandwidth_gbs"],
+        }
+    table["step"] = {"seconds": side["median_step_s"], "bound_s": sum(row["bound_s"] for row in table.values())}
+    return table
+
+
+def ratio(opct: dict | None, trl: dict | None, key: str):
+    if not opct or not trl or key not in opct or key not in trl or not trl[key]:
+        return None
+    return opct[key] / trl[key]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="opct vs TRL SDFTTrainer, alternating runs; prints a JSON summary.")
+    p.add_argument("--model", default="/tmp/smol")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--lora-rank", type=int, default=32)
+    p.add_argument("--full", action="store_true", help="also compare full fine-tuning (--lora-rank 0)")
+    p.add_argument("--out", help="also write the summary to this JSON file")
+    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
+                   help="before each run, wait up to this long for the machine to go idle (shared machines)")
+    p.add_argument("--opct-step", default=OPCT_STEP, help="the opct side's script (default: benchmarks/step.py)")
+    args = p.parse_args(argv)
+
+    have_opct = os.path.exists(args.opct_step)
+    ranks = [args.lora_rank] + ([0] if args.full and args.lora_rank != 0 else [])
+    runs = {rank: {"opct": [], "trl": []} for rank in ranks}
+    for r in range(args.rounds):
+        for rank in ranks:
+            flags = ["--model", args.model, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
+                     "--lora-rank", str(rank), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            sides = ([("opct", args.opct_step)] if have_opct else []) + [("trl", TRL_STEP)]
+            # Swap who goes first every round, so neither side always runs on a just-warmed (or tired) machine.
+            for side, script in sides if r % 2 == 0 else sides[::-1]:
+                print(f"[vs_trl] round {r + 1}/{args.rounds} lora_rank={rank} {side} ...", file=sys.stderr, flush=True)
+                wait_idle(args.wait_idle)
+                result = run_json(script, flags)
+                runs[rank][side].append(result)
+                print(f"[vs_trl]   median_step_s={result.get('median_step_s')} peak_rss_mb={result.get('peak_rss_mb')}"
+                      f"{' ERROR ' + result['error'] if 'error' in result else ''}", file=sys.stderr, flush=True)
+
+    print("[vs_trl] bounds ...", file=sys.stderr, flush=True)
+    wait_idle(args.wait_idle)
+    bounds = run_json(BOUNDS, ["--model", args.model, "--lora-rank", str(max(args.lora_rank, 0)),
+                               "--batch", str(args.batch)])
+
+    summary = {"config": vars(args), "bounds": bounds, "configs": {}, "notes": []}
+    if not have_opct:
+        summary["notes"].append(f"{args.opct_step} not found: TRL reported alone")
+    # Timings only mean something on an otherwise idle machine: with 2 cores, one competing process
+    # roughly halves throughput (and OpenMP threads waiting on a descheduled peer make it worse).
+    busy = [r["busy_cores_before"] for rank in ranks for side in runs[rank].values() for r in side
+            if r.get("busy_cores_before") is not None]
+    if busy and max(busy) > 0.25:
+        summary["notes"].append(f"machine was busy: other processes used up to {max(busy):.2f} of "
+                                f"{os.cpu_count()} cores just before a run; step times are inflated")
+    for rank in ranks:
+        opct, trl = pool_runs(runs[rank]["opct"]), pool_runs(runs[rank]["trl"])
+        name = f"lora_r{rank}" if rank > 0 else "full"
+        entry = {
+            "opct": opct,
+            "trl": trl,
+            "ratio": {"step_time": ratio(opct, trl, "median_step_s"), "peak_rss": ratio(opct, trl, "peak_rss_mb")},
+        }
+        if "error" not in bounds:
+            entry["vs_bounds"] = {side: phase_table(pooled, bounds, rank)
+                                  for side, pooled in (("opct", opct), ("trl", trl)) if pooled}
+        entry["raw_runs"] = runs[rank]
+        summary["configs"][name] = entry
+
+    text = json.dumps(summary, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Consistency axes: how each axis builds its (student, teacher) pairs and how it is evaluated."""

@@ -1,0 +1,1 @@
+"""Question sets for the consistency axes (multiple-choice items and their loaders)."""
