@@ -27,6 +27,9 @@ from opct.config import SFTConfig, TrainConfig, opt, to_yaml
 class EvalConfig:
     model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id")
     axis: str = opt("sycophancy", "what to evaluate", choices=["sycophancy"])
+    mode: str = opt("text", "how answers are asked for and read: letter (first reply token is the option letter) or "
+                    "text (reply \"The answer is <option>\"; first token of each option's text)",
+                    choices=["letter", "text"])
     source: str = opt("", "question source (default: the demo's mix; see opct.data.mcq.load_mcq)")
     n_train: int = opt(400, "questions reserved for training (excluded from eval; same split as the demo)")
     n_eval: int = opt(300, "evaluation questions")
@@ -41,6 +44,7 @@ class DemoConfig:
     model: str = opt("smollm2-135m-instruct", "model to make consistent")
     out: str = opt("runs/demo", "output directory")
     source: str = opt("", "question source (default: opct.data.mcq.DEFAULT_DEMO_SOURCE)")
+    mode: str = opt("text", "answer format: letter or text (see `opct eval --help`)", choices=["letter", "text"])
     n_train: int = opt(400, "training questions (one cued/clean pair each)")
     n_eval: int = opt(300, "evaluation questions (disjoint from training)")
     steps: int = opt(40, "optimizer steps for both SFT and OPCT")
@@ -56,11 +60,15 @@ class DemoConfig:
     threads: int = opt(0, "torch CPU threads (0 = torch default)")
 
 
-def split_questions_for(source: str, n_train: int, n_eval: int, seed: int):
-    """The demo's fixed train/eval questions; `opct eval` calls this too, so it reproduces the demo's numbers."""
+def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode: str, tok):
+    """The demo's fixed train/eval questions; `opct eval` calls this too, so it reproduces the demo's numbers.
+    In text mode, items whose options share a first token cannot be read from one position and are dropped."""
+    from opct.axes.sycophancy import text_readable
     from opct.data.mcq import DEFAULT_DEMO_SOURCE, load_mcq, split_questions
 
     qs = load_mcq(source or DEFAULT_DEMO_SOURCE, n=n_train + n_eval, seed=seed)
+    if mode == "text":
+        qs = [q for q in qs if text_readable(tok, q)]
     train, ev = split_questions(qs, n_eval=n_eval, seed=seed)
     return train[:n_train], ev
 
@@ -78,20 +86,24 @@ def to_results(ev: dict) -> dict:
             "n": {s: ev[s]["n"] for s in splits}}
 
 
-def evaluate_model(model_name: str, questions, seed: int, batch_size: int) -> dict:
+def evaluate_model(model_name: str, questions, seed: int, batch_size: int, mode: str, loaded=None) -> dict:
     from opct.axes.sycophancy import evaluate_sycophancy
     from opct.models import load_model
 
-    model, tok = load_model(model_name)
+    model, tok = loaded or load_model(model_name)
     with torch.no_grad():
-        return to_results(evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size))
+        return to_results(evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size, mode=mode))
 
 
 def run_eval(cfg: EvalConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    _, ev = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed)
-    res = {"model": cfg.model, "n_questions": len(ev), **evaluate_model(cfg.model, ev, cfg.seed, cfg.batch_size)}
+    from opct.models import load_model
+
+    model, tok = load_model(cfg.model)
+    _, ev = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
+    res = {"model": cfg.model, "mode": cfg.mode, "n_questions": len(ev),
+           **evaluate_model(cfg.model, ev, cfg.seed, cfg.batch_size, cfg.mode, loaded=(model, tok))}
     if cfg.out:
         write_json(Path(cfg.out), res)
     return res
@@ -104,13 +116,14 @@ def write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def make_probe(questions, seed: int, batch_size: int):
+def make_probe(questions, seed: int, batch_size: int, mode: str):
     """A quick in-training eval on a few held-out questions: held-out-phrasing sycophancy and clean accuracy."""
     from opct.axes.sycophancy import evaluate_sycophancy
 
     def probe(model, tok):
         with torch.no_grad():
-            ev = evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size, splits=("heldout_cues",))
+            ev = evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size, splits=("heldout_cues",),
+                                     mode=mode)
         return {"probe_sycophancy": ev["heldout_cues"]["sycophancy"]["value"],
                 "probe_accuracy": ev["clean_accuracy"]["value"]}
     return probe
@@ -141,20 +154,26 @@ def run_demo(cfg: DemoConfig) -> Path:
         return r
 
     stages = tqdm(total=2 + 2 * len(methods) + 1, desc="demo", unit="stage")
-    train_q, eval_q = timed("questions", split_questions_for, cfg.source, cfg.n_train, cfg.n_eval, cfg.seed)
+    from opct.models import load_model
+
+    base = load_model(cfg.model)
+    train_q, eval_q = timed("questions", split_questions_for, cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode,
+                            base[1])
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.yaml").write_text(to_yaml(cfg))
-    pairs = build_train_pairs(train_q, seed=cfg.seed)
+    pairs = build_train_pairs(train_q, seed=cfg.seed, mode=cfg.mode)
     save_pairs(pairs, out / "pairs.jsonl")
     stages.update()
 
     results = {"model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {}, "timings": timings,
                "n_train_questions": len(train_q), "n_eval_questions": len(eval_q)}
     stages.set_postfix_str("evaluating base")
-    results["methods"]["base"] = timed("eval_base", evaluate_model, cfg.model, eval_q, cfg.seed, cfg.batch_size)
+    results["methods"]["base"] = timed("eval_base", evaluate_model, cfg.model, eval_q, cfg.seed, cfg.batch_size,
+                                       cfg.mode, loaded=base)
+    del base
     stages.update()
 
-    probe = make_probe(eval_q[:cfg.probe_n], cfg.seed, cfg.batch_size) if cfg.probe_every else None
+    probe = make_probe(eval_q[:cfg.probe_n], cfg.seed, cfg.batch_size, cfg.mode) if cfg.probe_every else None
     common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
                   micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
                   lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed, save_every=0)
@@ -169,7 +188,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         stages.update()
         stages.set_postfix_str(f"evaluating {m}")
         results["methods"][m] = timed(f"eval_{m}", evaluate_model, str(out / m / "model"), eval_q, cfg.seed,
-                                      cfg.batch_size)
+                                      cfg.batch_size, cfg.mode)
         stages.update()
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     write_json(out / "results.json", results)
