@@ -23,6 +23,12 @@ from tqdm.auto import tqdm
 from opct.config import SFTConfig, TrainConfig, opt, to_yaml
 
 
+# The demo's question mix: the generated families on which SmolLM2-135M-Instruct knows the answer in text mode
+# (opct.data.mcq.DEFAULT_DEMO_SOURCE, 207 items) plus "kinds" (category membership, unlimited) so that 300
+# evaluation questions exist; weights roughly follow each family's size.
+DEMO_SOURCE = "capitals@55+countries@55+languages@30+past@36+plurals@15+kinds@229"
+
+
 @dataclass
 class EvalConfig:
     model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id")
@@ -30,8 +36,8 @@ class EvalConfig:
     mode: str = opt("text", "how answers are asked for and read: letter (first reply token is the option letter) or "
                     "text (reply \"The answer is <option>\"; first token of each option's text)",
                     choices=["letter", "text"])
-    source: str = opt("", "question source (default: the demo's mix; see opct.data.mcq.load_mcq)")
-    n_train: int = opt(400, "questions reserved for training (excluded from eval; same split as the demo)")
+    source: str = opt(DEMO_SOURCE, "question source (see opct.data.mcq.load_mcq); default: the demo's mix")
+    n_train: int = opt(100, "questions reserved for training (excluded from eval; same split as the demo)")
     n_eval: int = opt(300, "evaluation questions")
     seed: int = opt(0, "seed for the question split, wrong options and cue choice")
     batch_size: int = opt(32, "prompts per forward pass")
@@ -43,9 +49,9 @@ class EvalConfig:
 class DemoConfig:
     model: str = opt("smollm2-135m-instruct", "model to make consistent")
     out: str = opt("runs/demo", "output directory")
-    source: str = opt("", "question source (default: opct.data.mcq.DEFAULT_DEMO_SOURCE)")
+    source: str = opt(DEMO_SOURCE, "question source (see opct.data.mcq.load_mcq)")
     mode: str = opt("text", "answer format: letter or text (see `opct eval --help`)", choices=["letter", "text"])
-    n_train: int = opt(400, "training questions (one cued/clean pair each)")
+    n_train: int = opt(100, "training questions (one cued/clean pair each; steps reuse them with fresh samples)")
     n_eval: int = opt(300, "evaluation questions (disjoint from training)")
     steps: int = opt(40, "optimizer steps for both SFT and OPCT")
     prompts_per_step: int = opt(8, "pairs per step")
@@ -64,9 +70,9 @@ def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode:
     """The demo's fixed train/eval questions; `opct eval` calls this too, so it reproduces the demo's numbers.
     In text mode, items whose options share a first token cannot be read from one position and are dropped."""
     from opct.axes.sycophancy import text_readable
-    from opct.data.mcq import DEFAULT_DEMO_SOURCE, load_mcq, split_questions
+    from opct.data.mcq import load_mcq, split_questions
 
-    qs = load_mcq(source or DEFAULT_DEMO_SOURCE, n=n_train + n_eval, seed=seed)
+    qs = load_mcq(source or DEMO_SOURCE, n=n_train + n_eval, seed=seed)
     if mode == "text":
         qs = [q for q in qs if text_readable(tok, q)]
     train, ev = split_questions(qs, n_eval=n_eval, seed=seed)

@@ -23,15 +23,20 @@ class Batch:
     mask_BT: torch.Tensor  # 1 on real response tokens
 
 
-def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
+def right_pad(responses: list[list[int]], pad_id: int):
+    """Stack responses left-aligned: returns response_BT, mask_BT (T >= 1)."""
     T = max(1, max(len(r) for r in responses))
-    p_ids_BP, p_mask_BP, _ = left_pad(prompts, pad_id)
-    B = len(prompts)
-    resp_BT = torch.full((B, T), pad_id, dtype=torch.long)
-    rmask_BT = torch.zeros((B, T), dtype=torch.long)
+    resp_BT = torch.full((len(responses), T), pad_id, dtype=torch.long)
+    rmask_BT = torch.zeros((len(responses), T), dtype=torch.long)
     for i, r in enumerate(responses):
         resp_BT[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         rmask_BT[i, :len(r)] = 1
+    return resp_BT, rmask_BT
+
+
+def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
+    p_ids_BP, p_mask_BP, _ = left_pad(prompts, pad_id)
+    resp_BT, rmask_BT = right_pad(responses, pad_id)
     ids_BL = torch.cat([p_ids_BP, resp_BT], dim=1)
     mask_BL = torch.cat([p_mask_BP, rmask_BT], dim=1)
     pos_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
@@ -50,13 +55,8 @@ def response_logits_after_prefill(model, pre: Prefill, responses: list[list[int]
     """The same logits_BTV as `response_logits(model, build_batch(prompts, responses))`, computed by running only
     the response tokens on top of a prefill's KV cache. When the prefill ran under grad, gradients flow back
     through the cached keys/values into the prompt positions, exactly as in one full forward."""
-    T = max(1, max(len(r) for r in responses))
-    B = len(responses)
-    resp_BT = torch.full((B, T), pad_id, dtype=torch.long)
-    rmask_BT = torch.zeros((B, T), dtype=torch.long)
-    for i, r in enumerate(responses):
-        resp_BT[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        rmask_BT[i, :len(r)] = 1
+    resp_BT, rmask_BT = right_pad(responses, pad_id)
+    T = resp_BT.shape[1]
     first_B1V = pre.last_logits_BV[:, None].float()
     if T == 1:
         return first_B1V
