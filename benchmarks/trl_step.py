@@ -47,7 +47,7 @@ from common import bench_prompts, median, peak_rss_mb  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="/tmp/smol")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="alias, dir or Hub id (resolved by opct.models.resolve)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--lora-rank", type=int, default=32, help="0 = full fine-tune")
@@ -153,7 +153,9 @@ def main(argv=None):
             phases.append(split)
             tokens.append(dict(timer.tokens))
 
-    trainer = SDFTTrainer(model=args.model, args=config, train_dataset=dataset,
+    from opct.models import resolve
+
+    trainer = SDFTTrainer(model=resolve(args.model), args=config, train_dataset=dataset,
                           peft_config=peft_config, callbacks=[StepTimer()])
 
     # Phase wrappers on the instance. The teacher forward is the only _forward_logits call under no_grad

@@ -18,9 +18,9 @@ issue's target: step time <= 0.5), and each phase against its bound:
            k = 2 with LoRA (forward + activation gradients; frozen weights get no weight gradients),
            k = 3 for a full fine-tune (forward + activation + weight gradients).
   optim    AdamW step, memory-bound: reads param, grad and both moments, writes param and moments
-           = 7 x 4 bytes per trainable fp32 parameter                                   vs copy bandwidth
+           = 7 x 4 bytes per trainable fp32 parameter                                   vs bandwidth
   sample   seconds per decode step (phase seconds / decode steps, prompt prefill included)
-           vs weights bytes / read bandwidth (every weight read once per step); the phase bound adds
+           vs weights bytes / bandwidth (every weight read once per step); the phase bound adds
            the prompt prefill at matmul peak
   step     median step seconds vs the sum of the phase bounds
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -49,20 +50,22 @@ TRL_STEP = os.path.join(HERE, "trl_step.py")
 BOUNDS = os.path.join(HERE, "bounds.py")
 
 
-def busy_cores(seconds: float = 1.0) -> float | None:
-    """Cores kept busy by other processes right now (from /proc/stat; this script itself is idle meanwhile)."""
-    def sample():
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        return sum(values), values[3] + values[4]  # total, idle + iowait
-
+def cpu_busy_seconds() -> float | None:
+    """CPU seconds all cores have spent busy since boot (Linux /proc/stat), None elsewhere."""
     try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
     except OSError:
         return None
-    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / max(total1 - total0, 1))
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """Cores kept busy right now by other processes (this script sleeps meanwhile)."""
+    b0 = cpu_busy_seconds()
+    time.sleep(seconds)
+    b1 = cpu_busy_seconds()
+    return None if b0 is None else (b1 - b0) / seconds
 
 
 def wait_idle(max_wait_s: float) -> None:
@@ -73,19 +76,27 @@ def wait_idle(max_wait_s: float) -> None:
 
 
 def run_json(script: str, flags: list[str]) -> dict:
-    """Run a benchmark script in a fresh interpreter and return the last JSON line it printed."""
+    """Run a benchmark script in a fresh interpreter and return the last JSON line it printed.
+
+    Also records `others_busy_cores`: the cores other processes kept busy on average during the run
+    (machine busy time minus the child's own CPU time), the check that the timings are not shared.
+    """
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
-    busy_before = busy_cores()
+    busy0, child0 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
+    busy1, child1 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    others = None
+    if busy0 is not None:
+        child_cpu = (child1.ru_utime + child1.ru_stime) - (child0.ru_utime + child0.ru_stime)
+        others = max(0.0, (busy1 - busy0 - child_cpu) / wall)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        return {"error": f"{os.path.basename(script)} exited {proc.returncode}", "stderr_tail": proc.stderr[-3000:],
-                "busy_cores_before": busy_before}
+        return {"error": f"{os.path.basename(script)} exited {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
     result = json.loads(lines[-1])
     result["process_wall_s"] = wall
-    result["busy_cores_before"] = busy_before
+    result["others_busy_cores"] = others
     return result
 
 
@@ -103,7 +114,7 @@ def pool_runs(runs: list[dict]) -> dict | None:
         "phases_s": {k: median([r["phases_s"][k] for r in ok if k in r["phases_s"]]) for k in phase_names},
         "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
         "runs": len(ok),
-        "cpu_util": [r.get("cpu_util") for r in ok],
+        "others_busy_cores": [r.get("others_busy_cores") for r in ok],
     }
     for key in token_keys:
         values = [r[key] for r in ok if r.get(key) is not None]
@@ -148,7 +159,7 @@ def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
         }
     if phases.get("optim"):
         trainable = bounds["model"]["lora_params"] if lora_rank > 0 else bounds["model"]["params"]["total"]
-        bound_s = 7 * 4 * trainable / (bounds["bandwidth"]["copy_gbs"] * 1e9)
+        bound_s = 7 * 4 * trainable / (bounds["bandwidth"]["best_gbs"] * 1e9)
         table["optim"] = {"seconds": phases["optim"], "bound_s": bound_s, "times_bound": phases["optim"] / bound_s,
                           "trainable_params": trainable}
     decode = bounds["decode"].get(str(lora_rank)) or bounds["decode"]["0"]
@@ -164,7 +175,7 @@ def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
             "times_bound": per_step / decode["s_per_step_weights"],
             "bound_s": bound_s,
             "weight_bytes": decode["weight_bytes"],
-            "read_gbs": decode["bandwidth_gbs"],
+            "bandwidth_gbs": decode["bandwidth_gbs"],
         }
     table["step"] = {"seconds": side["median_step_s"], "bound_s": sum(row["bound_s"] for row in table.values())}
     return table
@@ -178,7 +189,7 @@ def ratio(opct: dict | None, trl: dict | None, key: str):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="opct vs TRL SDFTTrainer, alternating runs; prints a JSON summary.")
-    p.add_argument("--model", default="/tmp/smol")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="alias, dir or Hub id (resolved by opct.models.resolve)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
@@ -219,11 +230,11 @@ def main(argv=None):
         summary["notes"].append(f"{args.opct_step} not found: TRL reported alone")
     # Timings only mean something on an otherwise idle machine: with 2 cores, one competing process
     # roughly halves throughput (and OpenMP threads waiting on a descheduled peer make it worse).
-    busy = [r["busy_cores_before"] for rank in ranks for side in runs[rank].values() for r in side
-            if r.get("busy_cores_before") is not None]
-    if busy and max(busy) > 0.25:
-        summary["notes"].append(f"machine was busy: other processes used up to {max(busy):.2f} of "
-                                f"{os.cpu_count()} cores just before a run; step times are inflated")
+    busy = [r["others_busy_cores"] for rank in ranks for side in runs[rank].values() for r in side
+            if r.get("others_busy_cores") is not None]
+    if busy and max(busy) > 0.1:
+        summary["notes"].append(f"machine was shared: other processes kept up to {max(busy):.2f} of "
+                                f"{os.cpu_count()} cores busy during a run; its step times are inflated")
     for rank in ranks:
         opct, trl = pool_runs(runs[rank]["opct"]), pool_runs(runs[rank]["trl"])
         name = f"lora_r{rank}" if rank > 0 else "full"

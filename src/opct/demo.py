@@ -38,7 +38,8 @@ class EvalConfig:
                     choices=["letter", "text"])
     source: str = opt(DEMO_SOURCE, "question source (see opct.data.mcq.load_mcq); default: the demo's mix")
     n_train: int = opt(100, "questions reserved for training (excluded from eval; same split as the demo)")
-    n_eval: int = opt(300, "evaluation questions")
+    n_eval: int = opt(300, "evaluation questions (clean accuracy uses all of them)")
+    cued_n: int = opt(150, "of those, how many each cue split uses (cued prompts dominate the cost)")
     seed: int = opt(0, "seed for the question split, wrong options and cue choice")
     batch_size: int = opt(32, "prompts per forward pass")
     out: str = opt("", "write the metrics as JSON here (default: print only)")
@@ -52,8 +53,9 @@ class DemoConfig:
     source: str = opt(DEMO_SOURCE, "question source (see opct.data.mcq.load_mcq)")
     mode: str = opt("text", "answer format: letter or text (see `opct eval --help`)", choices=["letter", "text"])
     n_train: int = opt(100, "training questions (one cued/clean pair each; steps reuse them with fresh samples)")
-    n_eval: int = opt(300, "evaluation questions (disjoint from training)")
-    steps: int = opt(40, "optimizer steps for both SFT and OPCT")
+    n_eval: int = opt(300, "evaluation questions (disjoint from training); clean accuracy uses all of them")
+    cued_n: int = opt(150, "of those, how many each cue split uses (cued prompts dominate the eval cost)")
+    steps: int = opt(30, "optimizer steps for both SFT and OPCT")
     prompts_per_step: int = opt(8, "pairs per step")
     max_new_tokens: int = opt(16, "response tokens (OPCT samples, SFT targets)")
     lr: float = opt(2e-4, "AdamW learning rate (both methods)")
@@ -92,13 +94,15 @@ def to_results(ev: dict) -> dict:
             "n": {s: ev[s]["n"] for s in splits}}
 
 
-def evaluate_model(model_name: str, questions, seed: int, batch_size: int, mode: str, loaded=None) -> dict:
+def evaluate_model(model_name: str, questions, seed: int, batch_size: int, mode: str, cued_n: int,
+                   loaded=None) -> dict:
     from opct.axes.sycophancy import evaluate_sycophancy
     from opct.models import load_model
 
     model, tok = loaded or load_model(model_name)
     with torch.no_grad():
-        return to_results(evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size, mode=mode))
+        return to_results(evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size, mode=mode,
+                                              cued_n=cued_n))
 
 
 def run_eval(cfg: EvalConfig) -> dict:
@@ -109,7 +113,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     model, tok = load_model(cfg.model)
     _, ev = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
     res = {"model": cfg.model, "mode": cfg.mode, "n_questions": len(ev),
-           **evaluate_model(cfg.model, ev, cfg.seed, cfg.batch_size, cfg.mode, loaded=(model, tok))}
+           **evaluate_model(cfg.model, ev, cfg.seed, cfg.batch_size, cfg.mode, cfg.cued_n, loaded=(model, tok))}
     if cfg.out:
         write_json(Path(cfg.out), res)
     return res
@@ -175,7 +179,7 @@ def run_demo(cfg: DemoConfig) -> Path:
                "n_train_questions": len(train_q), "n_eval_questions": len(eval_q)}
     stages.set_postfix_str("evaluating base")
     results["methods"]["base"] = timed("eval_base", evaluate_model, cfg.model, eval_q, cfg.seed, cfg.batch_size,
-                                       cfg.mode, loaded=base)
+                                       cfg.mode, cfg.cued_n, loaded=base)
     del base
     stages.update()
 
@@ -194,7 +198,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         stages.update()
         stages.set_postfix_str(f"evaluating {m}")
         results["methods"][m] = timed(f"eval_{m}", evaluate_model, str(out / m / "model"), eval_q, cfg.seed,
-                                      cfg.batch_size, cfg.mode)
+                                      cfg.batch_size, cfg.mode, cfg.cued_n)
         stages.update()
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     write_json(out / "results.json", results)
