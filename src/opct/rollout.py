@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from opct.decoder import LeanDecoder
+
 
 @dataclass
 class SamplingSettings:
@@ -69,17 +71,29 @@ def prefill(model, prompts: list[list[int]], pad_id: int) -> Prefill:
 
 @torch.no_grad()
 def decode(model, pre: Prefill, settings: SamplingSettings, eos_ids: set[int], pad_id: int,
-           generator: torch.Generator | None = None) -> list[list[int]]:
+           generator: torch.Generator | None = None, lean: bool = True) -> list[list[int]]:
     """Sample one response per row, continuing from a prefill. Each response ends with its EOS token when one
-    was produced within max_new_tokens (the EOS is part of the response and of the loss)."""
-    # A detached view of the prompt KV: decoding never touches the prefill's autograd graph or its cache object.
-    cache = DynamicCache(ddp_cache_data=[(layer.keys.detach(), layer.values.detach()) for layer in pre.cache.layers])
+    was produced within max_new_tokens (the EOS is part of the response and of the loss).
+
+    With `lean` (default), Llama-layout models decode through `decoder.LeanDecoder` (merged LoRA, fused weights,
+    preallocated cache); other models, or lean=False, through the Hugging Face forward."""
     mask_BL, pos_B, logits_BV = pre.mask_BL, pre.last_pos_B, pre.last_logits_BV.detach()
-    B = mask_BL.shape[0]
+    B, P = mask_BL.shape
+    dec = LeanDecoder.build(model, B) if lean else None
+    if dec is not None:
+        # Prompt KV copied into a cache with room for every new token; attention mask over all its columns.
+        cache = dec.new_cache(B, P + settings.max_new_tokens)
+        for (k, v), layer in zip(cache, pre.cache.layers):
+            k[:, :, :P], v[:, :, :P] = layer.keys.detach(), layer.values.detach()
+        att_B11L = torch.zeros(B, 1, 1, P + settings.max_new_tokens, dtype=torch.bool)
+        att_B11L[:, 0, 0, :P] = mask_BL.bool()
+    else:
+        # A detached view of the prompt KV: decoding never touches the prefill's graph or its cache object.
+        cache = DynamicCache(ddp_cache_data=[(lay.keys.detach(), lay.values.detach()) for lay in pre.cache.layers])
     eos_V = torch.tensor(sorted(eos_ids), dtype=torch.long)
     done_B = torch.zeros(B, dtype=torch.bool)
     responses: list[list[int]] = [[] for _ in range(B)]
-    for _ in range(settings.max_new_tokens):
+    for step in range(settings.max_new_tokens):
         tok_B = next_token(logits_BV.float(), settings, generator)
         tok_B = torch.where(done_B, torch.full_like(tok_B, pad_id), tok_B)
         for i in (~done_B).nonzero().flatten().tolist():
@@ -88,11 +102,16 @@ def decode(model, pre: Prefill, settings: SamplingSettings, eos_ids: set[int], p
         if bool(done_B.all()):
             break
         # Finished rows keep decoding a pad token (their outputs are discarded), which keeps the batch rectangular.
-        mask_BL = torch.cat([mask_BL, torch.ones((B, 1), dtype=mask_BL.dtype)], dim=1)
         pos_B = pos_B + 1
-        out = model(input_ids=tok_B[:, None], attention_mask=mask_BL, position_ids=pos_B[:, None],
-                    past_key_values=cache, use_cache=True)
-        logits_BV = out.logits[:, -1]
+        if dec is not None:
+            t = P + step  # cache column of the token sampled at this step
+            att_B11L[:, 0, 0, t] = True
+            logits_BV = dec.step(tok_B, pos_B, cache, t, att_B11L[..., :t + 1])
+        else:
+            mask_BL = torch.cat([mask_BL, torch.ones((B, 1), dtype=mask_BL.dtype)], dim=1)
+            out = model(input_ids=tok_B[:, None], attention_mask=mask_BL, position_ids=pos_B[:, None],
+                        past_key_values=cache, use_cache=True)
+            logits_BV = out.logits[:, -1]
     return responses
 
 

@@ -1,0 +1,118 @@
+"""The lean decode path (decoder.py) against the Hugging Face forward it replaces while sampling."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from opct.decoder import LeanDecoder, unsupported_reason
+from opct.models import add_lora, load_model
+from opct.pairs import render_prompt
+from opct.rollout import SamplingSettings, decode, prefill
+
+
+def prompts(tok):
+    qs = ("Hi", "What is the capital of France?", "Name a colour.")
+    return [render_prompt(tok, [{"role": "user", "content": q}]) for q in qs]
+
+
+def lora_model(tiny_model_dir, seed=0):
+    model, tok = load_model(str(tiny_model_dir))
+    model = add_lora(model, 4, 8.0)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)  # a nonzero adapter, so a missing or mis-scaled LoRA term shows
+    return model.eval(), tok
+
+
+def hf_and_lean_logits(model, tok, tokens_BT):
+    """Logits of HF decode steps and of LeanDecoder steps, feeding the same tokens after the same prefill."""
+    ps = prompts(tok)
+    B, T = tokens_BT.shape
+    with torch.no_grad():
+        pre = prefill(model, ps, tok.pad_token_id)
+        P = pre.mask_BL.shape[1]
+        dec = LeanDecoder.build(model, B)
+        assert dec is not None
+        cache = dec.new_cache(B, P + T)
+        for (k, v), layer in zip(cache, pre.cache.layers):
+            k[:, :, :P], v[:, :, :P] = layer.keys, layer.values
+        att = torch.zeros(B, 1, 1, P + T, dtype=torch.bool)
+        att[:, 0, 0, :P] = pre.mask_BL.bool()
+        hf_cache = DynamicCache(ddp_cache_data=[(lay.keys, lay.values) for lay in pre.cache.layers])
+        mask_BL, pos_B, hf, lean = pre.mask_BL, pre.last_pos_B, [], []
+        for t in range(T):
+            pos_B = pos_B + 1
+            mask_BL = torch.cat([mask_BL, torch.ones(B, 1, dtype=mask_BL.dtype)], 1)
+            hf.append(model(input_ids=tokens_BT[:, t:t + 1], attention_mask=mask_BL, position_ids=pos_B[:, None],
+                            past_key_values=hf_cache, use_cache=True).logits[:, -1])
+            att[:, 0, 0, P + t] = True
+            lean.append(dec.step(tokens_BT[:, t], pos_B, cache, P + t, att[..., :P + t + 1]))
+    return torch.stack(hf, 1), torch.stack(lean, 1)
+
+
+def test_lean_logits_match_hf_with_lora_and_gqa(tiny_model_dir):
+    model, tok = lora_model(tiny_model_dir)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped-query attention
+    tokens = torch.tensor([[100, 200, 300, 7], [5, 2, 9, 11], [42, 43, 44, 45]])
+    hf, lean = hf_and_lean_logits(model, tok, tokens)
+    assert torch.allclose(hf, lean, atol=1e-4), (hf - lean).abs().max()
+    # with the adapter disabled (the teacher) the decoder follows the base weights
+    with model.disable_adapter():
+        hf0, lean0 = hf_and_lean_logits(model, tok, tokens)
+    assert torch.allclose(hf0, lean0, atol=1e-4)
+    assert (hf0 - hf).abs().max() > 1e-2  # the adapter really changes the outputs
+
+
+def test_lean_decode_samples_the_same_tokens_as_hf_decode(tiny_model_dir):
+    model, tok = lora_model(tiny_model_dir)
+    ps = prompts(tok)
+    s = SamplingSettings(max_new_tokens=8, temperature=1.0)
+    out = {}
+    for lean in (True, False):
+        with torch.no_grad():
+            pre = prefill(model, ps, tok.pad_token_id)
+            out[lean] = decode(model, pre, s, {tok.eos_token_id}, tok.pad_token_id, torch.Generator().manual_seed(5),
+                               lean=lean)
+    assert out[True] == out[False] and sum(map(len, out[True])) > 3
+
+
+def test_packed_weights_follow_in_place_updates(tiny_model_dir):
+    """Full fine-tuning changes the base weights in place between rollouts: the cached packing must notice."""
+    model, tok = load_model(str(tiny_model_dir))
+    tokens = torch.tensor([[100, 200], [5, 2], [42, 43]])
+    hf_and_lean_logits(model, tok, tokens)  # fills the packed-weight cache
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.1)  # an in-place update, as an optimizer step makes
+    hf, lean = hf_and_lean_logits(model, tok, tokens)
+    assert torch.allclose(hf, lean, atol=1e-4)
+
+
+def test_unsupported_models_fall_back_to_hf(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64)).eval()
+    assert unsupported_reason(gpt2) is not None and LeanDecoder.build(gpt2, 2) is None
+    ids = [[1, 2, 3], [4, 5]]
+    with torch.no_grad():
+        out = decode(gpt2, prefill(gpt2, ids, 0), SamplingSettings(3, 0.0), set(), 0)
+    assert [len(r) for r in out] == [3, 3]
+
+    model, _ = load_model(str(tiny_model_dir))
+    dora = get_peft_model(model, LoraConfig(r=2, target_modules="all-linear", use_dora=True))
+    assert "LoRA variant" in unsupported_reason(dora)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decoder_refuses_other_batch_sizes(tiny_model_dir, batch):
+    model, tok = load_model(str(tiny_model_dir))
+    dec = LeanDecoder.build(model, batch)
+    lin = dec.layers[0]["qkv"]
+    x = torch.randn(batch, model.config.hidden_size)
+    assert lin(x).shape == (batch, dec.head_dim * (dec.n_heads + 2 * dec.n_kv))
+    if lin.packed is not None:
+        with pytest.raises(AssertionError):
+            lin(torch.randn(batch + 1, model.config.hidden_size))
