@@ -82,3 +82,22 @@ def test_response_forward_on_prefill_cache_equals_full_forward_with_gradients(ti
     assert torch.allclose(full[0, :4], fused[0, :4], atol=1e-4) and torch.allclose(full[1, :2], fused[1, :2], atol=1e-4)
     for a, b in zip(g_full, g_fused):
         assert (a - b).norm() <= 1e-5 * a.norm()
+
+
+def test_shared_prefix_prefill_equals_full_prefill(tiny_model_dir):
+    from opct.rollout import common_prefix, prefill
+
+    model, tok = load_model(str(tiny_model_dir))
+    ps = prompts(tok)
+    assert common_prefix(ps) >= 8  # the chat template's system prompt
+    with torch.no_grad():
+        shared = prefill(model, ps, tok.pad_token_id)
+        full = prefill(model, ps, tok.pad_token_id, min_shared=10_000)
+    # the shared layout is [prefix | pads | suffix] for every row; the full one is [pads | prompt]
+    assert bool(shared.mask_BL[:, 0].all()) and not bool(full.mask_BL[:, 0].all())
+    assert torch.allclose(shared.last_logits_BV, full.last_logits_BV, atol=1e-4)
+    assert torch.equal(shared.last_pos_B, full.last_pos_B)
+    s = SamplingSettings(max_new_tokens=6, temperature=0)
+    with torch.no_grad():
+        from opct.rollout import decode
+        assert decode(model, shared, s, set(), tok.pad_token_id) == decode(model, full, s, set(), tok.pad_token_id)
