@@ -52,7 +52,17 @@ def hf_and_lean_logits(model, tok, tokens_BT):
     return torch.stack(hf, 1), torch.stack(lean, 1)
 
 
-def test_lean_logits_match_hf_with_lora_and_gqa(tiny_model_dir):
+KINDS = ["onednn", "mkl", "dense"]
+
+
+@pytest.fixture(params=KINDS)
+def matmul_kind(request, monkeypatch):
+    """Run a test once per decode matmul backend (packing() falls back where one is unavailable)."""
+    monkeypatch.setenv("OPCT_DECODE_MATMUL", request.param)
+    return request.param
+
+
+def test_lean_logits_match_hf_with_lora_and_gqa(tiny_model_dir, matmul_kind):
     model, tok = lora_model(tiny_model_dir)
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped-query attention
     tokens = torch.tensor([[100, 200, 300, 7], [5, 2, 9, 11], [42, 43, 44, 45]])
@@ -78,7 +88,7 @@ def test_lean_decode_samples_the_same_tokens_as_hf_decode(tiny_model_dir):
     assert out[True] == out[False] and sum(map(len, out[True])) > 3
 
 
-def test_packed_weights_follow_in_place_updates(tiny_model_dir):
+def test_packed_weights_follow_in_place_updates(tiny_model_dir, matmul_kind):
     """Full fine-tuning changes the base weights in place between rollouts: the cached packing must notice."""
     model, tok = load_model(str(tiny_model_dir))
     tokens = torch.tensor([[100, 200], [5, 2], [42, 43]])
@@ -107,12 +117,25 @@ def test_unsupported_models_fall_back_to_hf(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_decoder_refuses_other_batch_sizes(tiny_model_dir, batch):
+def test_packed_linear_equals_f_linear_and_mkl_refuses_other_batch_sizes(tiny_model_dir, matmul_kind, batch):
     model, tok = load_model(str(tiny_model_dir))
     dec = LeanDecoder.build(model, batch)
     lin = dec.layers[0]["qkv"]
-    x = torch.randn(batch, model.config.hidden_size)
-    assert lin(x).shape == (batch, dec.head_dim * (dec.n_heads + 2 * dec.n_kv))
-    if lin.packed is not None:
-        with pytest.raises(AssertionError):
-            lin(torch.randn(batch + 1, model.config.hidden_size))
+    if matmul_kind == "dense" or torch.backends.mkldnn.is_available():
+        assert lin.kind == matmul_kind  # the setting is honoured where the backend exists
+    a = model.model.layers[0].self_attn
+    w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    for rows in (batch, batch + 1):
+        x = torch.randn(rows, model.config.hidden_size)
+        if lin.kind == "mkl" and rows != batch:
+            with pytest.raises(AssertionError):  # MKL's packing is only valid for the batch it was packed for
+                lin(x)
+        else:
+            assert torch.allclose(lin(x), torch.nn.functional.linear(x, w), atol=1e-5)
+
+
+def test_unknown_decode_matmul_is_an_error(tiny_model_dir, monkeypatch):
+    model, _ = load_model(str(tiny_model_dir))
+    monkeypatch.setenv("OPCT_DECODE_MATMUL", "fast")
+    with pytest.raises(ValueError, match="OPCT_DECODE_MATMUL='fast'"):
+        LeanDecoder.build(model, 2)

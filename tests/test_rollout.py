@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from opct.models import load_model
@@ -60,6 +61,22 @@ def test_top_k_and_top_p_restrict_support():
     assert set(p.tolist()) == {0, 1}  # softmax = .665, .245, .09, ...: the 0.8 nucleus is {0, 1}
     full = next_token(logits, SamplingSettings(temperature=1.0), g)
     assert {0, 1, 2} <= set(full.tolist())
+
+
+def test_sampling_frequencies_match_the_softmax():
+    """Inverse-CDF sampling: each row's draws follow its own softmax; zero-probability tokens never come up."""
+    logits_BV = torch.tensor([[2.0, 1.0, 0.0, float("-inf"), -1.0], [float("-inf"), 0.0, 0.0, 0.0, float("-inf")]])
+    g = torch.Generator().manual_seed(1)
+    n = 20000
+    draws_NB = torch.stack([next_token(logits_BV, SamplingSettings(temperature=1.0), g) for _ in range(n)])
+    for b in range(2):
+        freq_V = torch.bincount(draws_NB[:, b], minlength=5).double() / n
+        want_V = logits_BV[b].double().softmax(-1)
+        assert freq_V[want_V == 0].sum() == 0
+        assert torch.allclose(freq_V, want_V, atol=4 * (0.25 / n) ** 0.5), (freq_V, want_V)  # 4 sigma at p=0.5
+    # temperature sharpens: at T=0.5 token 0's share rises from .64 to .86
+    sharp = torch.stack([next_token(logits_BV[:1], SamplingSettings(temperature=0.5), g) for _ in range(4000)])
+    assert (sharp == 0).double().mean().item() == pytest.approx(0.86, abs=0.03)
 
 
 def test_response_forward_on_prefill_cache_equals_full_forward_with_gradients(tiny_model_dir):

@@ -3,12 +3,16 @@
 Why: decoding a batch of 8 through the Hugging Face modules plus PEFT's LoRA wrappers costs ~200 ms per token for
 SmolLM2-135M on 2 CPU cores: F.linear runs the skinny (8 x hidden) matmuls at about a third of the memory
 bandwidth, and each layer is ~100 small ops. Here a layer is four matmuls (q/k/v and gate/up fused) on weights
-packed once by MKL for the batch size (what torch.compile uses for fp32 linears on CPU; ~1.8x F.linear's
-throughput here), the LoRA update is added as two small matmuls per fused linear, and the KV cache is
-preallocated. The packed base weights are cached per module and re-packed only when the weights change (full
-fine-tuning), so a LoRA run packs once; the LoRA factors are read fresh for every rollout, so decoding always
-follows the current student. The Hugging Face model stays the reference for every log-prob that enters a loss,
-and tests pin this path's logits against it.
+packed for the batch size by oneDNN (default) or MKL with the LoRA update merged in, and the KV cache is
+preallocated. Which packing wins depends on the CPU: on an AMD EPYC, 2 threads,
+all of SmolLM2's weights at batch 8 took 35 ms with oneDNN, 77 ms MKL-packed, 70 ms F.linear; an earlier
+machine gave MKL-packed ~1.8x F.linear. `OPCT_DECODE_MATMUL=onednn|mkl|dense` picks one.
+
+A decoder merges and packs the weights when it is built (~0.35 s for SmolLM2 with LoRA) and the packed copy is freed with it at the
+end of the rollout: keeping it across steps would save that time but double the weights' memory through the
+backward pass, where a training step peaks (for a 1.7B model, 7 GB more). Building one per rollout also means it
+always decodes with the current weights, base and LoRA alike. The Hugging Face model stays the reference for every
+log-prob that enters a loss, and tests pin this path's logits against it.
 
 Anything outside the supported layout (other attention variants, q/k norms, sliding windows, adapted embeddings,
 DoRA and other LoRA variants) makes `LeanDecoder.build` return None, and the caller falls back to the Hugging Face
@@ -17,7 +21,7 @@ forward.
 
 from __future__ import annotations
 
-import weakref
+import os
 
 import torch
 import torch.nn.functional as F
@@ -84,14 +88,20 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def _mkl_packing(w: torch.Tensor) -> bool:
-    return (w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkl.is_available()
-            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
-
-
-# Packed base weights per group of fused modules, reused while the weights are unchanged (a tensor's _version
-# counts its in-place updates, so an optimizer step invalidates the entry).
-_PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+def packing(w: torch.Tensor) -> str:
+    """How decode packs this weight: "onednn", "mkl" or "dense" (plain F.linear). Fixed per machine and setting,
+    never timed at run time, so a resumed run samples with the same kernels as the original."""
+    want = os.environ.get("OPCT_DECODE_MATMUL", "onednn")
+    if want not in ("onednn", "mkl", "dense"):
+        raise ValueError(f"OPCT_DECODE_MATMUL={want!r}: expected onednn, mkl or dense")
+    if w.device.type != "cpu" or w.dtype != torch.float32:
+        return "dense"
+    if want == "onednn" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "onednn"
+    if want in ("onednn", "mkl") and torch.backends.mkl.is_available() and hasattr(
+            torch.ops.mkl, "_mkl_reorder_linear_weight"):
+        return "mkl"
+    return "dense"
 
 
 class _Linear:
@@ -99,55 +109,46 @@ class _Linear:
 
     def __init__(self, mods: list[torch.nn.Module], batch: int):
         bases = [_base(m) for m in mods]
-        key = (batch, tuple((b.weight.data_ptr(), b.weight._version) for b in bases))
-        hit = _PACKED.get(bases[0])
-        if hit is not None and hit[0] == key:
-            self.w, self.packed, self.b = hit[1:]
-        else:
-            with torch.no_grad():
-                w = torch.cat([b.weight.detach() for b in bases]) if len(bases) > 1 else bases[0].weight.detach()
-                self.b = None if all(b.bias is None for b in bases) else torch.cat(
-                    [b.bias.detach() if b.bias is not None else w.new_zeros(b.out_features) for b in bases])
-                if _mkl_packing(w):
-                    # Only the packed copy is kept. MKL reads the second weight argument only when the batch size
-                    # differs from the packed one, which __call__ rules out; a zero-stride view stands in for it.
-                    self.packed, self.w = torch.ops.mkl._mkl_reorder_linear_weight(w, batch), w.new_zeros(()).expand(
-                        w.shape)
-                else:
-                    self.packed, self.w = None, w
-            _PACKED[bases[0]] = (key, self.w, self.packed, self.b)
-        self.batch = batch
-        # LoRA: x A^T then a block-diagonal B^T (scales folded in), so a fused group costs two small matmuls.
-        factors = [(i, f) for i, m in enumerate(mods) for f in _lora_factors(m)]
-        self.lora = None
-        if factors:
-            offsets = [0]
-            for b in bases:
-                offsets.append(offsets[-1] + b.out_features)
-            R = sum(A.shape[0] for _, (A, _, _) in factors)
-            A_RI = torch.cat([A for _, (A, _, _) in factors])
-            B_RO = A_RI.new_zeros(R, offsets[-1])
-            r = 0
-            for i, (A, Bm, scale) in factors:
-                B_RO[r:r + A.shape[0], offsets[i]:offsets[i + 1]] = (Bm * scale).t()
-                r += A.shape[0]
-            self.lora = (A_RI.t().contiguous(), B_RO)
+        self.kind, self.batch = packing(bases[0].weight), batch
+        with torch.no_grad():
+            w = torch.cat([b.weight.detach() for b in bases]) if len(bases) > 1 else bases[0].weight.detach()
+            self.b = None if all(b.bias is None for b in bases) else torch.cat(
+                [b.bias.detach() if b.bias is not None else w.new_zeros(b.out_features) for b in bases])
+            # LoRA merged into the copy that gets packed: W_i + s_i B_i A_i for each module of the group. It costs
+            # ~0.1 s per SmolLM2 rollout, where adding x A^T B^T at every token cost ~13 ms a token (240 small
+            # matmuls), so it pays from ~8 tokens on.
+            factors = [(i, f) for i, m in enumerate(mods) for f in _lora_factors(m)]
+            if factors:
+                w = w.clone() if len(bases) == 1 else w  # never write into the model's own weight
+                offsets = [0]
+                for b in bases:
+                    offsets.append(offsets[-1] + b.out_features)
+                for i, (A, Bm, scale) in factors:
+                    w[offsets[i]:offsets[i + 1]].addmm_(Bm, A, alpha=scale)
+            if self.kind == "onednn":
+                self.packed, self.w = torch.ops.mkldnn._reorder_linear_weight(w, batch), None
+            elif self.kind == "mkl":
+                # Only the packed copy is kept. MKL reads the second weight argument only when the batch size
+                # differs from the packed one, which __call__ rules out; a zero-stride view stands in for it.
+                self.packed, self.w = torch.ops.mkl._mkl_reorder_linear_weight(w, batch), w.new_zeros(()).expand(
+                    w.shape)
+            else:
+                self.packed, self.w = None, w
 
     def __call__(self, x_BI: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
+        if self.kind == "onednn":
+            y_BO = torch.ops.mkldnn._linear_pointwise(x_BI, self.packed, self.b, "none", [], "")
+        elif self.packed is None:
             y_BO = F.linear(x_BI, self.w, self.b)
         else:
             assert x_BI.shape[0] == self.batch, (x_BI.shape, self.batch)
             y_BO = torch.ops.mkl._mkl_linear(x_BI, self.packed, self.w, self.b, self.batch)
-        if self.lora is not None:
-            y_BO = torch.addmm(y_BO, x_BI @ self.lora[0], self.lora[1])
         return y_BO
 
 
 class LeanDecoder:
     """Decode steps for one model's current weights and a fixed batch size, over a preallocated KV cache.
-    Build one per rollout (cheap after the first: packed weights are cached); it does not follow weight updates
-    made after it was built."""
+    Build one per rollout: it packs the weights as they are when built and does not follow later updates."""
 
     def __init__(self, model, batch: int):
         body, head, cfg = _inner(model)

@@ -47,8 +47,13 @@ def next_token(logits_BV: torch.Tensor, s: SamplingSettings, generator: torch.Ge
         cum_BV = sorted_BV.softmax(-1).cumsum(-1)
         drop_BV = cum_BV - sorted_BV.softmax(-1) >= s.top_p  # keep the smallest prefix with mass >= top_p
         logits_BV = logits_BV.scatter(-1, idx_BV, sorted_BV.masked_fill(drop_BV, float("-inf")))
-    probs_BV = logits_BV.softmax(-1)
-    return torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
+    # Inverse-CDF sampling: one uniform per row against the cumulative probabilities (float64, so the rounding of
+    # a 50k-term sum stays far below any token's mass). torch.multinomial draws an exponential variate per vocabulary
+    # entry instead: ~9 ms a step for 8 x 49k on 2 cores, a tenth of a whole SmolLM2 decode step; this is ~0.3 ms.
+    cdf_BV = logits_BV.softmax(-1).double().cumsum(-1)
+    u_B1 = torch.rand(cdf_BV.shape[0], 1, dtype=torch.float64, generator=generator) * cdf_BV[:, -1:]
+    # right=True: the first entry whose cdf exceeds u, so zero-probability tokens (flat cdf) are never picked.
+    return torch.searchsorted(cdf_BV, u_B1, right=True).squeeze(-1).clamp_(max=cdf_BV.shape[-1] - 1)
 
 
 @dataclass
@@ -100,8 +105,8 @@ def decode(model, pre: Prefill, settings: SamplingSettings, eos_ids: set[int], p
     """Sample one response per row, continuing from a prefill. Each response ends with its EOS token when one
     was produced within max_new_tokens (the EOS is part of the response and of the loss).
 
-    With `lean` (default), Llama-layout models decode through `decoder.LeanDecoder` (merged LoRA, fused weights,
-    preallocated cache); other models, or lean=False, through the Hugging Face forward."""
+    With `lean` (default), Llama-layout models decode through `decoder.LeanDecoder` (fused weights with LoRA merged,
+    packed for the batch; preallocated cache); other models, or lean=False, through the Hugging Face forward."""
     mask_BL, pos_B, logits_BV = pre.mask_BL, pre.last_pos_B, pre.last_logits_BV.detach()
     B, P = mask_BL.shape
     dec = LeanDecoder.build(model, B) if lean else None
