@@ -124,7 +124,8 @@ def test_packed_linear_equals_f_linear_and_mkl_refuses_other_batch_sizes(tiny_mo
     if matmul_kind == "dense" or torch.backends.mkldnn.is_available():
         assert lin.kind == matmul_kind  # the setting is honoured where the backend exists
     a = model.model.layers[0].self_attn
-    w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    # the attention's 1/sqrt(head_dim) is folded into the q rows
+    w = torch.cat([a.q_proj.weight * a.scaling, a.k_proj.weight, a.v_proj.weight])
     for rows in (batch, batch + 1):
         x = torch.randn(rows, model.config.hidden_size)
         if lin.kind == "mkl" and rows != batch:

@@ -112,9 +112,21 @@ def test_shared_prefix_prefill_equals_full_prefill(tiny_model_dir):
         full = prefill(model, ps, tok.pad_token_id, min_shared=10_000)
     # the shared layout is [prefix | pads | suffix] for every row; the full one is [pads | prompt]
     assert bool(shared.mask_BL[:, 0].all()) and not bool(full.mask_BL[:, 0].all())
-    assert torch.allclose(shared.last_logits_BV, full.last_logits_BV, atol=1e-4)
+    assert torch.allclose(shared.last_hidden_BH, full.last_hidden_BH, atol=1e-4)
     assert torch.equal(shared.last_pos_B, full.last_pos_B)
     s = SamplingSettings(max_new_tokens=6, temperature=0)
     with torch.no_grad():
         from opct.rollout import decode
         assert decode(model, shared, s, set(), tok.pad_token_id) == decode(model, full, s, set(), tok.pad_token_id)
+
+
+def test_response_logprobs_from_hidden_equal_full_logits(tiny_model_dir):
+    from opct.losses import token_logprobs
+    from opct.scoring import response_hidden, response_logprobs
+
+    model, tok = load_model(str(tiny_model_dir))
+    b = build_batch(prompts(tok), [[100, 200, 300, 2], [5, 2]], tok.pad_token_id)
+    h_BTH = response_hidden(model, b)
+    got = response_logprobs(model, h_BTH, b.response_BT)
+    want = token_logprobs(response_logits(model, b), b.response_BT)
+    assert got.shape == want.shape == (2, 4) and torch.allclose(got, want, atol=1e-5)

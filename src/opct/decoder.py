@@ -105,9 +105,10 @@ def packing(w: torch.Tensor) -> str:
 
 
 class _Linear:
-    """y = x [W_1; W_2; ...]^T + b + LoRA updates, for a group of linears that read the same input."""
+    """y = x [W_1; W_2; ...]^T + b + LoRA updates, for a group of linears that read the same input; `scales`
+    optionally multiplies each member's output (folded into its rows of the packed weight)."""
 
-    def __init__(self, mods: list[torch.nn.Module], batch: int):
+    def __init__(self, mods: list[torch.nn.Module], batch: int, scales: list[float] | None = None):
         bases = [_base(m) for m in mods]
         self.kind, self.batch = packing(bases[0].weight), batch
         with torch.no_grad():
@@ -125,6 +126,14 @@ class _Linear:
                     offsets.append(offsets[-1] + b.out_features)
                 for i, (A, Bm, scale) in factors:
                     w[offsets[i]:offsets[i + 1]].addmm_(Bm, A, alpha=scale)
+            if scales is not None and any(sc != 1.0 for sc in scales):
+                w = w.clone() if len(bases) == 1 and not factors else w
+                start = 0
+                for b, sc in zip(bases, scales):
+                    w[start:start + b.out_features] *= sc
+                    if self.b is not None:
+                        self.b[start:start + b.out_features] *= sc
+                    start += b.out_features
             if self.kind == "onednn":
                 self.packed, self.w = torch.ops.mkldnn._reorder_linear_weight(w, batch), None
             elif self.kind == "mkl":
@@ -162,7 +171,7 @@ class LeanDecoder:
                 a, m = layer.self_attn, layer.mlp
                 self.layers.append({
                     "ln1": layer.input_layernorm, "ln2": layer.post_attention_layernorm,
-                    "qkv": _Linear([a.q_proj, a.k_proj, a.v_proj], batch), "o": _Linear([a.o_proj], batch),
+                    "qkv": _Linear([a.q_proj, a.k_proj, a.v_proj], batch, [self.scaling, 1.0, 1.0]), "o": _Linear([a.o_proj], batch),
                     "gate_up": _Linear([m.gate_proj, m.up_proj], batch), "down": _Linear([m.down_proj], batch)})
             self.head = _Linear([head], batch)
         self.norm = body.norm
@@ -187,6 +196,9 @@ class LeanDecoder:
         mask_B11L marks which of columns 0..t are attended). Returns logits_BV."""
         B, H, Hk, D = tok_B.shape[0], self.n_heads, self.n_kv, self.head_dim
         G = H // Hk  # query heads per KV head (head h reads KV head h // G, as in HF's repeat_kv)
+        L = t + 1
+        # The mask as an additive bias, built once per step for all layers; the 1/sqrt(D) scaling is already in q.
+        bias_X1L = torch.zeros(B, Hk, 1, L).masked_fill_(~mask_B11L, float("-inf")).view(B * Hk, 1, L)
         x_BC = self.embed[tok_B]
         cos_B1D, sin_B1D = self.body.rotary_emb(x_BC[:, None], pos_B[:, None])  # broadcast over heads
         half = D // 2
@@ -198,10 +210,10 @@ class LeanDecoder:
             k_cache[:, :, t] = qk_BhD[:, H:]
             v_cache[:, :, t] = qkv_BX[:, (H + Hk) * D:].view(B, Hk, D)
             # Attention of one query per head over columns 0..t: plain matmuls beat SDPA at this size.
-            q_BkGD = qk_BhD[:, :H].reshape(B, Hk, G, D)
-            s_BkGL = torch.matmul(q_BkGD, k_cache[:, :, :t + 1].transpose(-1, -2)) * self.scaling
-            p_BkGL = s_BkGL.masked_fill(~mask_B11L, float("-inf")).softmax(-1)
-            att_BX = torch.matmul(p_BkGL, v_cache[:, :, :t + 1]).reshape(B, H * D)
+            q_XGD = qk_BhD[:, :H].reshape(B * Hk, G, D)
+            k_XLD, v_XLD = k_cache[:, :, :L].reshape(B * Hk, L, D), v_cache[:, :, :L].reshape(B * Hk, L, D)
+            p_XGL = torch.baddbmm(bias_X1L, q_XGD, k_XLD.transpose(-1, -2)).softmax(-1)
+            att_BX = torch.bmm(p_XGL, v_XLD).reshape(B, H * D)
             x_BC = x_BC + d["o"](att_BX)
             g_BI, u_BI = d["gate_up"](self._rms(d["ln2"], x_BC)).chunk(2, dim=-1)
             x_BC = x_BC + d["down"](F.silu(g_BI) * u_BI)

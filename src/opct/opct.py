@@ -31,7 +31,8 @@ from opct.metrics import MetricsLog, peak_rss_mb
 from opct.models import Teacher, add_lora, load_model
 from opct.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
 from opct.rollout import SamplingSettings, decode, prefill, sample
-from opct.scoring import build_batch, response_logits, response_logits_after_prefill
+from opct.rollout import head_logits
+from opct.scoring import build_batch, response_hidden, response_hidden_after_prefill, response_logprobs
 
 
 class RunError(RuntimeError):
@@ -130,10 +131,10 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
         for c in chunks:
             b = build_batch(prompts_t[c], responses[c], pad_id)
             # Same computation as the student's (below), so identical prompts give bit-identical log-probs.
-            logits_t_BTV = (response_logits_after_prefill(tm, prefill(tm, prompts_t, pad_id), responses, pad_id)
-                            if fused else response_logits(tm, b))
-            teacher_out.append(logits_t_BTV if cfg.loss in losses.EXACT
-                               else losses.token_logprobs(logits_t_BTV, b.response_BT))
+            h_t_BTH = (response_hidden_after_prefill(tm, prefill(tm, prompts_t, pad_id), responses, pad_id)
+                       if fused else response_hidden(tm, b))
+            teacher_out.append(head_logits(tm, h_t_BTH).float() if cfg.loss in losses.EXACT
+                               else response_logprobs(tm, h_t_BTH, b.response_BT))
 
     # 3. the student scores them after the perturbed prompt, with grad; accumulate the normalised loss
     t2 = time.perf_counter()
@@ -142,14 +143,14 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
     sums = {"loss": 0.0, "kl": 0.0, "logp_student": 0.0, "logp_teacher": 0.0}
     for c, t_out in zip(chunks, teacher_out):
         b = build_batch(prompts_s[c], responses[c], pad_id)
-        logits_s_BTV = (response_logits_after_prefill(model, pre, responses, pad_id) if fused
-                        else response_logits(model, b))
-        logp_s_BT = losses.token_logprobs(logits_s_BTV, b.response_BT)
+        h_s_BTH = response_hidden_after_prefill(model, pre, responses, pad_id) if fused else response_hidden(model, b)
         m_BT = b.mask_BT.float()
         if cfg.loss == "sampled":
-            logp_t_BT = t_out
+            logp_s_BT, logp_t_BT = response_logprobs(model, h_s_BTH, b.response_BT), t_out
             loss, kl = losses.sampled_token_loss(logp_s_BT, logp_t_BT, b.mask_BT, cfg.kl_coef, cfg.kl_discount)
         else:
+            logits_s_BTV = head_logits(model, h_s_BTH).float()
+            logp_s_BT = losses.token_logprobs(logits_s_BTV, b.response_BT)
             logp_t_BT = losses.token_logprobs(t_out, b.response_BT)
             kw = {"k": cfg.topk} if cfg.loss == "topk" else {}
             kl_BT = losses.EXACT[cfg.loss](logits_s_BTV, t_out, **kw)

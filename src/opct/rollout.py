@@ -56,12 +56,34 @@ def next_token(logits_BV: torch.Tensor, s: SamplingSettings, generator: torch.Ge
     return torch.searchsorted(cdf_BV, u_B1, right=True).squeeze(-1).clamp_(max=cdf_BV.shape[-1] - 1)
 
 
+def lm_parts(model):
+    """(body, head) of a (PEFT-wrapped) causal LM: the transformer body, whose output is last_hidden_state, and
+    the output layer. Running them separately lets callers choose which positions reach the LM head."""
+    m = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return m.base_model, m.get_output_embeddings()
+
+
+def head_logits(model, hidden_H: torch.Tensor) -> torch.Tensor:
+    """The LM head on final hidden states, with the logit soft-capping or scaling some models apply after it."""
+    m = model.get_base_model() if hasattr(model, "get_base_model") else model
+    logits = m.get_output_embeddings()(hidden_H)
+    cfg = m.config
+    if getattr(cfg, "logit_scale", None) not in (None, 1.0):  # Cohere
+        logits = logits * cfg.logit_scale
+    if getattr(cfg, "logits_scaling", None) not in (None, 1.0):  # Granite
+        logits = logits / cfg.logits_scaling
+    if getattr(cfg, "final_logit_softcapping", None):  # Gemma 2
+        cap = cfg.final_logit_softcapping
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
 @dataclass
 class Prefill:
-    """The prompts' forward pass: its KV cache (with the autograd graph when run under grad), the logits that
-    predict the first response token, and the padding layout."""
+    """The prompts' forward pass: its KV cache (with the autograd graph when run under grad), the final hidden
+    state that predicts the first response token, and the padding layout."""
     cache: DynamicCache
-    last_logits_BV: torch.Tensor
+    last_hidden_BH: torch.Tensor
     mask_BL: torch.Tensor
     last_pos_B: torch.Tensor
 
@@ -81,22 +103,22 @@ def prefill(model, prompts: list[list[int]], pad_id: int, min_shared: int = 8) -
     prefix. Positions and the attention mask make this the same computation as a full left-padded prefill (up to
     float rounding), with gradients flowing back into the shared prefix when run under grad."""
     B = len(prompts)
+    body, _ = lm_parts(model)
     k = min(common_prefix(prompts), min(map(len, prompts)) - 1) if B > 1 else 0  # every row keeps >= 1 token
     if k < min_shared:
         ids_BL, mask_BL, pos_BL = left_pad(prompts, pad_id)
         cache = DynamicCache()
-        out = model(input_ids=ids_BL, attention_mask=mask_BL, position_ids=pos_BL, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
-        return Prefill(cache, out.logits[:, -1], mask_BL, pos_BL[:, -1])
-    head = model(input_ids=torch.tensor([prompts[0][:k]]), use_cache=True, logits_to_keep=1).past_key_values
+        out = body(input_ids=ids_BL, attention_mask=mask_BL, position_ids=pos_BL, past_key_values=cache,
+                   use_cache=True)
+        return Prefill(cache, out.last_hidden_state[:, -1], mask_BL, pos_BL[:, -1])
+    prefix = body(input_ids=torch.tensor([prompts[0][:k]]), use_cache=True).past_key_values
     cache = DynamicCache(ddp_cache_data=[(lay.keys.expand(B, -1, -1, -1), lay.values.expand(B, -1, -1, -1))
-                                         for lay in head.layers])
+                                         for lay in prefix.layers])
     ids_BS, smask_BS, spos_BS = left_pad([p[k:] for p in prompts], pad_id)
     mask_BL = torch.cat([torch.ones(B, k, dtype=smask_BS.dtype), smask_BS], dim=1)  # [prefix | pads | suffix]
     pos_BS = spos_BS + k
-    out = model(input_ids=ids_BS, attention_mask=mask_BL, position_ids=pos_BS, past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
-    return Prefill(cache, out.logits[:, -1], mask_BL, pos_BS[:, -1])
+    out = body(input_ids=ids_BS, attention_mask=mask_BL, position_ids=pos_BS, past_key_values=cache, use_cache=True)
+    return Prefill(cache, out.last_hidden_state[:, -1], mask_BL, pos_BS[:, -1])
 
 
 @torch.no_grad()
@@ -107,9 +129,11 @@ def decode(model, pre: Prefill, settings: SamplingSettings, eos_ids: set[int], p
 
     With `lean` (default), Llama-layout models decode through `decoder.LeanDecoder` (fused weights with LoRA merged,
     packed for the batch; preallocated cache); other models, or lean=False, through the Hugging Face forward."""
-    mask_BL, pos_B, logits_BV = pre.mask_BL, pre.last_pos_B, pre.last_logits_BV.detach()
+    mask_BL, pos_B = pre.mask_BL, pre.last_pos_B
     B, P = mask_BL.shape
     dec = LeanDecoder.build(model, B) if lean else None
+    last_BH = pre.last_hidden_BH.detach().contiguous()
+    logits_BV = dec.head(last_BH) if dec is not None else head_logits(model, last_BH)
     if dec is not None:
         # Prompt KV copied into a cache with room for every new token; attention mask over all its columns.
         cache = dec.new_cache(B, P + settings.max_new_tokens)

@@ -20,7 +20,7 @@ from opct.config import SFTConfig
 from opct.opct import data_order, end_step, optimizer_step, save_final, start_run
 from opct.pairs import ConsistencyPair
 from opct.rollout import SamplingSettings, sample
-from opct.scoring import build_batch, response_logits
+from opct.scoring import build_batch, response_hidden, response_logprobs
 
 
 def make_targets(run, cfg: SFTConfig) -> list[tuple[list[int], list[int]]]:
@@ -63,7 +63,7 @@ def train_sft(cfg: SFTConfig, pairs: list[ConsistencyPair] | None = None, probe=
         for c in range(0, len(batch), cfg.micro_batch):
             mb = batch[c:c + cfg.micro_batch]
             b = build_batch([s for s, _ in mb], [r for _, r in mb], run.pad_id)
-            logp_BT = losses.token_logprobs(response_logits(run.model, b), b.response_BT)
+            logp_BT = response_logprobs(run.model, response_hidden(run.model, b), b.response_BT)
             nll = -(logp_BT * b.mask_BT).sum()
             (nll / n_tokens).backward()
             total += float(nll.detach())
