@@ -151,8 +151,12 @@ def add_lora(model, rank: int, alpha: float, dropout: float = 0.0, targets: str 
     from peft import LoraConfig, get_peft_model
 
     tm = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
+    from opct.lora import speed_up
+
     cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=tm, task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg)
+    speed_up(model)  # one autograd node per LoRA linear; PEFT's forward wherever a layer is not plain
+    return model
 
 
 class Teacher:

@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from opct.lora import speed_up
+from opct.models import add_lora, load_model
+
+
+def _grads(model, ids):
+    model.zero_grad()
+    out = model(input_ids=ids).logits
+    out.pow(2).mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_fused_lora_linear_equals_peft(tiny_model_dir, dropout):
+    torch.manual_seed(0)
+    model, _ = load_model(str(tiny_model_dir))
+    model = add_lora(model, 4, 8.0, dropout=dropout)  # add_lora applies speed_up
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    model.eval()  # dropout inactive but present: its layers must still take PEFT's path (checked below)
+    ids = torch.randint(3, 100, (2, 9))
+    fast_y, fast_g = _grads(model, ids)
+    from peft.tuners.lora.layer import Linear
+    layers = [m for m in model.modules() if type(m) is Linear]
+    assert layers and all("forward" in vars(m) for m in layers)
+    for m in layers:
+        del m.forward  # back to PEFT's class forward
+    peft_y, peft_g = _grads(model, ids)
+    assert torch.allclose(fast_y, peft_y, atol=1e-5)
+    assert fast_g.keys() == peft_g.keys() and len(fast_g) == 2 * len(layers)
+    for n in fast_g:
+        assert (fast_g[n] - peft_g[n]).norm() <= 1e-5 * peft_g[n].norm() + 1e-8, n
+    assert speed_up(model) == len(layers)
+
+
+def test_disabled_adapters_give_the_base_model(tiny_model_dir):
+    base, _ = load_model(str(tiny_model_dir))
+    ids = torch.randint(3, 100, (1, 7))
+    with torch.no_grad():
+        want = base(input_ids=ids).logits
+    model = add_lora(base, 4, 8.0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+        with model.disable_adapter():
+            got = model(input_ids=ids).logits
+        lora = model(input_ids=ids).logits
+    assert torch.equal(got, want) and not torch.allclose(lora, want, atol=1e-3)
