@@ -21,14 +21,18 @@ issue's target: step time <= 0.5), and each phase against its bound:
            = 7 x 4 bytes per trainable fp32 parameter                                   vs bandwidth
   sample   seconds per decode step (phase seconds / decode steps, prompt prefill included)
            vs weights bytes / bandwidth (every weight read once per step); the phase bound adds
-           the prompt prefill at matmul peak
+           the prompt prefill at matmul peak. `decode_only` (opct reports its decode loop separately):
+           seconds per step vs that bandwidth bound and vs the FLOP bound, batch x F(1 token, 1 logit) / peak
+           (at batch 8 a step does ~2 GFLOP, so on a 2-core CPU the FLOP bound is the larger one)
   step     median step seconds vs the sum of the phase bounds
 
 where F(tokens, logits) = 2 x non-embedding params x tokens + 2 x hidden x vocab x logits (bounds.py's
 `flops_per_token`: the lm_head runs only where logits are kept, attention score FLOPs and LoRA adapter
 FLOPs are left out, so achieved figures are slight underestimates). Token counts are real (unpadded)
 tokens per step from each side's JSON (`prompt_tokens`, `teacher_prompt_tokens` if given, else the prompt
-count, `response_tokens`, `decode_steps`): padding counts as wasted time, not as work.
+count, `response_tokens`, `decode_steps`): padding counts as wasted time, not as work. When a side reports
+`student_prompt_forward_in_sample` (opct's fused path: the student's prompt forward with grad doubles as the
+sampler's prefill), that forward's FLOPs move from `student` to `sample`, so no FLOP is counted twice.
 """
 
 from __future__ import annotations
@@ -143,6 +147,9 @@ def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
         "teacher": forward_flops(bounds, teacher_prompt + response, response),
         "student": k * forward_flops(bounds, student_prompt + response, response),
     }
+    if side.get("student_prompt_forward_in_sample"):
+        # opct's fused path: the student's prompt forward (with grad) is the sampler's prefill, timed in `sample`
+        flops["student"] -= forward_flops(bounds, student_prompt, 0)
     table = {}
     for name, f in flops.items():
         seconds = phases.get(name)
@@ -177,6 +184,17 @@ def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
             "weight_bytes": decode["weight_bytes"],
             "bandwidth_gbs": decode["bandwidth_gbs"],
         }
+        if phases.get("decode"):
+            # The decode loop alone (decoder build included, prompt prefill excluded). At batch B a step is also
+            # bounded by its FLOPs: B rows x (body + lm_head) per token at matmul peak.
+            flop_s = side.get("batch", 8) * forward_flops(bounds, 1, 1) / (peak * 1e9)
+            loop = phases["decode"] / side["decode_steps"]
+            table["sample"]["decode_only"] = {
+                "seconds": phases["decode"], "s_per_decode_step": loop,
+                "bandwidth_bound_s_per_step": decode["s_per_step_weights"], "flop_bound_s_per_step": flop_s,
+                "times_bandwidth_bound": loop / decode["s_per_step_weights"],
+                "times_max_bound": loop / max(flop_s, decode["s_per_step_weights"]),
+            }
     table["step"] = {"seconds": side["median_step_s"], "bound_s": sum(row["bound_s"] for row in table.values())}
     return table
 

@@ -55,7 +55,7 @@ class DemoConfig:
     n_train: int = opt(100, "training questions (one cued/clean pair each; steps reuse them with fresh samples)")
     n_eval: int = opt(300, "evaluation questions (disjoint from training); clean accuracy uses all of them")
     cued_n: int = opt(100, "of those, how many each cue split uses (cued prompts dominate the eval cost)")
-    steps: int = opt(30, "optimizer steps for both SFT and OPCT")
+    steps: int = opt(40, "optimizer steps for both SFT and OPCT")
     prompts_per_step: int = opt(8, "pairs per step")
     max_new_tokens: int = opt(16, "response tokens (OPCT samples, SFT targets)")
     lr: float = opt(2e-4, "AdamW learning rate (both methods)")

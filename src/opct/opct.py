@@ -119,8 +119,10 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
     if fused:
         model.eval()  # no dropout either way; eval mode only makes that explicit
         pre = prefill(model, prompts_s, pad_id)
+        t_decode = time.perf_counter()
         responses = decode(model, pre, settings, eos_ids, pad_id, gen)
     else:
+        t_decode = t0
         responses = sample(model, prompts_s, settings, eos_ids, pad_id, gen)
     n_tokens = sum(len(r) for r in responses)  # global normaliser for every micro-batch
 
@@ -166,7 +168,8 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
     row.update(response_len=n_tokens / len(responses), response_tokens=n_tokens,
                prompt_tokens=sum(map(len, prompts_s)), teacher_prompt_tokens=sum(map(len, prompts_t)),
                decode_steps=max(map(len, responses)),
-               time_sample=t1 - t0, time_teacher=t2 - t1, time_student=t3 - t2)
+               time_sample=t1 - t0, time_teacher=t2 - t1, time_student=t3 - t2,
+               decode_seconds=t1 - t_decode)  # within time_sample: decoder build + decode loop (+ prefill unless fused)
     return row
 
 
