@@ -124,6 +124,9 @@ def pool_runs(runs: list[dict]) -> dict | None:
         values = [r[key] for r in ok if r.get(key) is not None]
         if values:
             pooled[key] = sum(values) / len(values)
+    for key in ("batch", "student_prompt_forward_in_sample"):  # per-side facts, the same in every run
+        if key in ok[0]:
+            pooled[key] = ok[0][key]
     if len(ok) < len(runs):
         pooled["errors"] = [r for r in runs if "error" in r]
     return pooled
