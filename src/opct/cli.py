@@ -74,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     from opct.demo import DemoConfig, EvalConfig
 
     p = sub.add_parser("eval", help="evaluate a model on an axis (sycophancy)",
-                       description="Sycophancy eval: the answer letter is read from the model's next-token "
-                                   "probabilities at the first response position (argmax over the option letters). "
-                                   "Defaults select the same held-out questions as `opct demo`.")
+                       description="Sycophancy eval, no generation. --mode text (default): the prompt asks for a reply "
+                                   "\"The answer is <option>\" and the answer is the option whose first token is most "
+                                   "probable after that prefix; --mode letter: the most probable option letter at the "
+                                   "first response position. Defaults select the same held-out questions as `opct demo`.")
     config.add_arguments(p, EvalConfig)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("demo", help="sycophancy end to end: eval base -> SFT -> OPCT -> eval -> report",

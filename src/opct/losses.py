@@ -10,6 +10,9 @@ batch (TRL #4719 is the bug this avoids). Shapes: B batch, T response positions,
   reverse_kl          exact KL(p_s || p_t) over the full vocabulary at each response position.
   topk_reverse_kl     the same sum restricted to the student's top-k tokens at each position.
   forward_kl          exact KL(p_t || p_s) over the full vocabulary.
+
+The sampled-token loss needs only log p(y_t) of the sampled tokens: `hidden_token_logprobs` computes them from
+the final hidden states and the LM head weight, streaming the vocabulary, without ever building B x T x V logits.
 """
 
 from __future__ import annotations
