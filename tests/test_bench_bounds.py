@@ -1,0 +1,61 @@
+"""benchmarks/vs_trl.py's accounting: FLOPs per phase and the decode bounds (pure functions, synthetic numbers)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def vs_trl():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("vs_trl", BENCH / "vs_trl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.path.remove(str(BENCH))
+
+
+BOUNDS = {"matmul": {"gflops": 100.0}, "bandwidth": {"best_gbs": 50.0},
+          "model": {"flops_per_token": {"body": 2e8, "lm_head": 5e7}, "lora_params": 1_000_000,
+                    "params": {"total": 10_000_000}},
+          "decode": {"32": {"s_per_step_weights": 0.01, "weight_bytes": 5e8, "bandwidth_gbs": 50.0}}}
+
+
+def side(**kw):
+    return {"median_step_s": 6.0, "phases_s": {"sample": 2.0, "teacher": 1.5, "student": 2.5, "optim": 0.05,
+                                               "decode": 1.6},
+            "prompt_tokens": 500, "teacher_prompt_tokens": 600, "response_tokens": 200, "decode_steps": 32,
+            "batch": 8, **kw}
+
+
+def test_phase_flops_and_fused_prompt_forward_counted_once(vs_trl):
+    plain = vs_trl.phase_table(side(), BOUNDS, 32)
+    # teacher: forward over prompt + response, lm_head only at response positions
+    assert plain["teacher"]["gflop"] == pytest.approx((2e8 * 800 + 5e7 * 200) / 1e9)
+    # student with LoRA: forward + activation gradients = 2 x forward
+    assert plain["student"]["gflop"] == pytest.approx(2 * (2e8 * 700 + 5e7 * 200) / 1e9)
+    fused = vs_trl.phase_table(side(student_prompt_forward_in_sample=True), BOUNDS, 32)
+    # the prompt forward already ran (and is bounded) in `sample`: it leaves the student's count
+    assert fused["student"]["gflop"] == pytest.approx(plain["student"]["gflop"] - 2e8 * 500 / 1e9)
+    assert fused["sample"]["bound_s"] == plain["sample"]["bound_s"]
+    assert fused["step"]["bound_s"] == pytest.approx(sum(fused[k]["bound_s"] for k in ("teacher", "student",
+                                                                                        "optim", "sample")))
+
+
+def test_decode_only_against_bandwidth_and_flop_bounds(vs_trl):
+    d = vs_trl.phase_table(side(), BOUNDS, 32)["sample"]["decode_only"]
+    assert d["s_per_decode_step"] == pytest.approx(1.6 / 32)
+    assert d["flop_bound_s_per_step"] == pytest.approx(8 * (2e8 + 5e7) / 100e9)  # 0.02 s > bandwidth's 0.01 s
+    assert d["times_bandwidth_bound"] == pytest.approx(0.05 / 0.01)
+    assert d["times_max_bound"] == pytest.approx(0.05 / 0.02)
+
+
+def test_pooling_keeps_per_side_facts(vs_trl):
+    run = {"steps_s": [1.0, 3.0], "phases_s": {"sample": 1.0}, "peak_rss_mb": 10.0, "batch": 8,
+           "student_prompt_forward_in_sample": True, "decode_steps": 32}
+    pooled = vs_trl.pool_runs([run, {**run, "steps_s": [2.0], "peak_rss_mb": 12.0}])
+    assert pooled["median_step_s"] == 2.0 and pooled["peak_rss_mb"] == 12.0
+    assert pooled["batch"] == 8 and pooled["student_prompt_forward_in_sample"] is True
