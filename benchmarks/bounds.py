@@ -3,7 +3,8 @@
     python benchmarks/bounds.py --model /tmp/smol --lora-rank 32 --threads 2
 
 Prints one JSON object:
-  matmul     fp32 GEMM peak (GFLOP/s): best over a few large square sizes, best of several runs each;
+  matmul     fp32 GEMM peak (GFLOP/s): best over a few large square sizes and over torch.mm and oneDNN's
+             linear (`by_kernel`), best of several runs each;
              the ceiling for the compute-bound phases (teacher prefill, student forward+backward).
              Also one GEMM at the model's own shapes (hidden 576 x MLP 1536 over ~800 rows): a more
              realistic ceiling for a 135M model's thin matrices (`model_shaped_gflops`).
@@ -35,26 +36,39 @@ def _best_seconds(fn, repeats: int) -> float:
     return best
 
 
+def _gemms(a, b):
+    """The fp32 GEMM kernels a training step can use, each computing a @ b: torch.mm (MKL/BLAS) and, where this
+    PyTorch has it, oneDNN's linear (what opct.gemm calls; the faster of the two on the AMD EPYC VMs we measure on)."""
+    kernels = {"torch": lambda: torch.mm(a, b)}
+    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if op is not None and torch.backends.mkldnn.is_available():
+        bt = b.t()
+        kernels["onednn"] = lambda: op(a, bt, None, "none", [], "")
+    return kernels
+
+
 def matmul_peak_flops(threads: int = 2, sizes=(1024, 2048, 3072), repeats: int = 5) -> dict:
-    """fp32 GEMM peak in GFLOP/s: best of `repeats` runs at each square size (2 n^3 FLOPs per n x n GEMM)."""
+    """fp32 GEMM peak in GFLOP/s: best of `repeats` runs at each square size (2 n^3 FLOPs per n x n GEMM), for
+    each kernel in `_gemms`; the peak is the best of all."""
     torch.set_num_threads(threads)
-    by_size = {}
+    by_kernel: dict = {}
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        out = torch.empty(n, n)
-        s = _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
-        by_size[str(n)] = 2 * n**3 / s / 1e9
-    return {"gflops": max(by_size.values()), "by_size": by_size, "threads": threads}
+        for name, fn in _gemms(a, b).items():
+            by_kernel.setdefault(name, {})[str(n)] = 2 * n**3 / _best_seconds(fn, repeats) / 1e9
+    by_size = {str(n): max(k[str(n)] for k in by_kernel.values()) for n in sizes}
+    return {"gflops": max(by_size.values()), "by_size": by_size, "by_kernel": by_kernel, "threads": threads}
 
 
 def model_shaped_gemm_flops(hidden: int, intermediate: int, rows: int = 832, threads: int = 2, repeats: int = 10) -> float:
-    """GFLOP/s of one MLP-projection GEMM at the model's shapes: (rows x hidden) @ (hidden x intermediate).
+    """GFLOP/s of one MLP-projection GEMM at the model's shapes: (rows x hidden) @ (hidden x intermediate), best
+    of the kernels in `_gemms`.
 
     rows = 832 is batch 8 x ~104 tokens (prompt + response), the size of a teacher or student forward.
     """
     torch.set_num_threads(threads)
     x, w = torch.randn(rows, hidden), torch.randn(hidden, intermediate)
-    s = _best_seconds(lambda: x @ w, repeats)
+    s = min(_best_seconds(fn, repeats) for fn in _gemms(x, w).values())
     return 2 * rows * hidden * intermediate / s / 1e9
 
 

@@ -100,6 +100,41 @@ def test_packed_weights_follow_in_place_updates(tiny_model_dir, matmul_kind):
     assert torch.allclose(hf, lean, atol=1e-4)
 
 
+def test_frozen_packed_weights_are_kept_across_rollouts_until_they_change(tiny_model_dir):
+    """The LM head (always frozen) and, with the adapter disabled, the whole body keep their packed copy from one
+    decoder to the next; with LoRA active the body is merged anew each time, and an in-place change of a frozen
+    weight or another batch size forces a repack. Logits follow the HF model throughout."""
+    model, tok = lora_model(tiny_model_dir)
+    tokens = torch.tensor([[100, 200, 300], [5, 2, 9], [42, 43, 44]])
+    d1, d2 = LeanDecoder.build(model, 3), LeanDecoder.build(model, 3)
+    assert d1.head is d2.head and d1.layers[0]["qkv"] is not d2.layers[0]["qkv"]
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(-2.0)  # an optimizer step on the adapter
+    hf, lean = hf_and_lean_logits(model, tok, tokens)
+    assert torch.allclose(hf, lean, atol=1e-4), (hf - lean).abs().max()
+    with model.disable_adapter():
+        e1, e2 = LeanDecoder.build(model, 3), LeanDecoder.build(model, 3)
+        assert e1.layers[0]["qkv"] is e2.layers[0]["qkv"] and e1.head is d1.head
+        with torch.no_grad():
+            model.get_base_model().model.layers[0].mlp.down_proj.base_layer.weight.mul_(1.5)  # frozen, but changed
+            model.get_base_model().lm_head.weight.mul_(0.5)
+        e3 = LeanDecoder.build(model, 3)
+        assert e3.layers[0]["qkv"] is not e1.layers[0]["qkv"] and e3.head is not e1.head
+        hf, lean = hf_and_lean_logits(model, tok, tokens)
+        assert torch.allclose(hf, lean, atol=1e-4), (hf - lean).abs().max()
+        assert LeanDecoder.build(model, 2).head is not e3.head  # packed per batch size
+    hf, lean = hf_and_lean_logits(model, tok, tokens)
+    assert torch.allclose(hf, lean, atol=1e-4), (hf - lean).abs().max()
+
+
+def test_trainable_base_weights_are_packed_per_rollout(tiny_model_dir):
+    model, _ = load_model(str(tiny_model_dir))
+    model.requires_grad_(True)  # full fine-tuning: a kept copy would be stale after every step
+    assert LeanDecoder.build(model, 2).head is not LeanDecoder.build(model, 2).head
+
+
 def test_unsupported_models_fall_back_to_hf(tiny_model_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -37,17 +37,37 @@ def test_fused_lora_linear_equals_peft(tiny_model_dir, dropout):
     assert speed_up(model) == len(layers)
 
 
-def test_disabled_adapters_give_the_base_model(tiny_model_dir):
+def test_disabled_adapters_give_the_base_model_and_a_fresh_adapter_changes_nothing(tiny_model_dir):
     base, _ = load_model(str(tiny_model_dir))
     ids = torch.randint(3, 100, (1, 7))
     with torch.no_grad():
         want = base(input_ids=ids).logits
     model = add_lora(base, 4, 8.0)
     with torch.no_grad():
+        fresh = model(input_ids=ids).logits  # B = 0: the student before its first update
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)
         with model.disable_adapter():
             got = model(input_ids=ids).logits
         lora = model(input_ids=ids).logits
-    assert torch.equal(got, want) and not torch.allclose(lora, want, atol=1e-3)
+    # The teacher's linears run through gemm (oneDNN), the plain model's through torch.matmul: rounding apart, equal.
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(lora, want, atol=1e-3)
+    # A fresh student and its teacher compute the same products: bit for bit equal, so identical prompts give KL 0.
+    assert torch.equal(fresh, got)
+
+
+def test_gemm_matches_torch_and_can_be_switched_off(monkeypatch):
+    from opct import gemm
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(5, 7), torch.randn(3, 7), torch.randn(3)
+    assert torch.allclose(gemm.linear(x, w, b), x @ w.T + b, atol=1e-6)
+    assert torch.allclose(gemm.mm(x, w.T), x @ w.T, atol=1e-6)
+    assert torch.allclose(gemm.mm(x.T.contiguous().T, w.T), x @ w.T, atol=1e-6)  # strided operands
+    monkeypatch.setenv("OPCT_CPU_GEMM", "torch")
+    assert not gemm.onednn(x, w) and torch.equal(gemm.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert not gemm.onednn(x.double(), w.double())
+    monkeypatch.setenv("OPCT_CPU_GEMM", "fast")
+    with pytest.raises(ValueError, match="OPCT_CPU_GEMM='fast'"):
+        gemm.linear(x, w)

@@ -1,0 +1,43 @@
+"""fp32 matrix products on the CPU through oneDNN rather than the BLAS behind torch.matmul.
+
+Why: on the AMD EPYC VMs we measure on (2 threads), SmolLM2-shaped linears over 248-520 rows (30 layers of
+q/k/v, o, gate/up, down, each weight cold in cache as in a real forward) ran at 130-178 GFLOP/s through
+torch.matmul (MKL) and at 190-216 GFLOP/s through oneDNN's linear, `torch.ops.mkldnn._linear_pointwise` (the op
+torch.compile's CPU backend lowers linears to), for x W^T and for the backward's dy W alike, on plain unpacked
+weights. Matmuls are most of an OPCT step's time on a CPU, so this is the largest single lever there is.
+Not for every shape: a product whose left operand is a transposed view (dy^T xa, LoRA's dB) ran ~3x slower
+through oneDNN, so callers use these functions only where they measured faster and torch's ops elsewhere.
+
+These functions have no autograd formula: they are called from custom autograd Functions (`lora.LoRALinearFn`,
+`losses._HiddenTokenLogprobs`) and no-grad code (the frozen teacher). Anything but fp32 CPU tensors, a PyTorch
+built without oneDNN, or OPCT_CPU_GEMM=torch in the environment takes torch's own ops.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_OP = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+
+
+def onednn(*tensors: torch.Tensor) -> bool:
+    """Whether products of these tensors go through oneDNN."""
+    want = os.environ.get("OPCT_CPU_GEMM", "onednn")
+    if want not in ("onednn", "torch"):
+        raise ValueError(f"OPCT_CPU_GEMM={want!r}: expected onednn or torch")
+    return (want == "onednn" and _OP is not None and torch.backends.mkldnn.is_available()
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors))
+
+
+def linear(x_NI: torch.Tensor, w_OI: torch.Tensor, b_O: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ b) for 2-D x, as torch.nn.functional.linear."""
+    if onednn(x_NI, w_OI):
+        return _OP(x_NI, w_OI, b_O, "none", [], "")
+    return torch.nn.functional.linear(x_NI, w_OI, b_O)
+
+
+def mm(a_NK: torch.Tensor, b_KM: torch.Tensor) -> torch.Tensor:
+    """a @ b; oneDNN reads b through a transposed view, no copy."""
+    return linear(a_NK, b_KM.t())
