@@ -15,6 +15,7 @@ built without oneDNN, or OPCT_CPU_GEMM=torch in the environment takes torch's ow
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -22,13 +23,26 @@ import torch
 _OP = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 
 
+@functools.cache
+def _op_works() -> bool:
+    """Whether oneDNN's linear runs and agrees with torch here (checked once a process, on a tiny product): some
+    builds list the op but cannot run it on this CPU, and those must take torch's ops, not fail."""
+    if _OP is None or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w = torch.arange(6.0).view(2, 3), torch.arange(12.0).view(4, 3)
+        return bool(torch.equal(_OP(x, w, None, "none", [], ""), x @ w.T))
+    except RuntimeError:
+        return False
+
+
 def onednn(*tensors: torch.Tensor) -> bool:
     """Whether products of these tensors go through oneDNN."""
     want = os.environ.get("OPCT_CPU_GEMM", "onednn")
     if want not in ("onednn", "torch"):
         raise ValueError(f"OPCT_CPU_GEMM={want!r}: expected onednn or torch")
-    return (want == "onednn" and _OP is not None and torch.backends.mkldnn.is_available()
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors))
+    return (want == "onednn" and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and _op_works())
 
 
 def linear(x_NI: torch.Tensor, w_OI: torch.Tensor, b_O: torch.Tensor | None = None) -> torch.Tensor:
