@@ -111,7 +111,7 @@ class _Packed:
     """y = x W^T + b for a fixed weight, packed for one batch size (see `packing`)."""
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, batch: int):
-        self.kind, self.batch, self.b, self.nbytes = packing(w), batch, b, w.numel() * w.element_size()
+        self.kind, self.batch, self.b = packing(w), batch, b
         if self.kind == "onednn":
             self.packed, self.w = torch.ops.mkldnn._reorder_linear_weight(w, batch), None
         elif self.kind == "mkl":
