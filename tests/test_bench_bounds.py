@@ -59,3 +59,39 @@ def test_pooling_keeps_per_side_facts(vs_trl):
     pooled = vs_trl.pool_runs([run, {**run, "steps_s": [2.0], "peak_rss_mb": 12.0}])
     assert pooled["median_step_s"] == 2.0 and pooled["peak_rss_mb"] == 12.0
     assert pooled["batch"] == 8 and pooled["student_prompt_forward_in_sample"] is True
+
+
+@pytest.fixture
+def keep_threads():
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)  # the benchmarks set their own thread count
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gemm_benchmark_times_both_kernels_in_both_directions(keep_threads):
+    out = _load("gemm").measure(hidden=32, intermediate=64, heads=4, kv_heads=2, layers=2, rows=[3, 5], repeats=1,
+                                threads=1)
+    assert out["shapes_in_out"][1] == (32, 16) and set(out["by_rows"]) == {"3", "5"}
+    for r in out["by_rows"].values():
+        assert set(r) == {"forward", "backward_dx"}
+        for d in r.values():
+            assert d["torch"] > 0
+            if out["onednn_available"]:
+                assert d["onednn"] > 0 and d["onednn_speedup"] == pytest.approx(d["onednn"] / d["torch"])
+
+
+def test_matmul_peak_is_the_best_kernel_at_each_size(keep_threads):
+    out = _load("bounds").matmul_peak_flops(threads=1, sizes=(64, 96), repeats=1)
+    assert set(out["by_kernel"]["torch"]) == {"64", "96"}
+    for n, best in out["by_size"].items():
+        assert best == max(k[n] for k in out["by_kernel"].values())
+    assert out["gflops"] == max(out["by_size"].values())

@@ -1,10 +1,12 @@
 """fp32 matrix products on the CPU through oneDNN rather than the BLAS behind torch.matmul.
 
-Why: on the AMD EPYC VMs we measure on (2 threads), SmolLM2-shaped linears over 248-520 rows (30 layers of
-q/k/v, o, gate/up, down, each weight cold in cache as in a real forward) ran at 130-178 GFLOP/s through
-torch.matmul (MKL) and at 190-216 GFLOP/s through oneDNN's linear, `torch.ops.mkldnn._linear_pointwise` (the op
-torch.compile's CPU backend lowers linears to), for x W^T and for the backward's dy W alike, on plain unpacked
-weights. Matmuls are most of an OPCT step's time on a CPU, so this is the largest single lever there is.
+Why: on the AMD EPYC VMs we measure on (2 threads), `benchmarks/gemm.py` runs all 210 of SmolLM2's linears (30 layers
+of q, k, v, o, gate, up, down, each weight cold from memory as in a real forward) as x W^T and as the backward's
+dy W. Two runs (benchmarks/results/gemm-2026-11-23-cpu2.json is the second): at 248 and 520 rows torch.matmul (MKL)
+gave 122-175 GFLOP/s forward and 147-172 backward, erratic from run to run, and oneDNN's linear
+(`torch.ops.mkldnn._linear_pointwise`, which torch.compile's CPU backend uses for linears with frozen weights) 169-179 and
+176-205 on the same plain, unpacked weights: 1.0-1.4x; at 24 rows 1.2-1.6x. On whole training steps, alternating
+OPCT_CPU_GEMM=torch and onednn step by step in one process: 6.36 -> 5.94 s and 7.05 -> 6.07 s (median of 6 each).
 Not for every shape: a product whose left operand is a transposed view (dy^T xa, LoRA's dB) ran ~3x slower
 through oneDNN, so callers use these functions only where they measured faster and torch's ops elsewhere.
 
