@@ -120,6 +120,32 @@ def test_shared_prefix_prefill_equals_full_prefill(tiny_model_dir):
         assert decode(model, shared, s, set(), tok.pad_token_id) == decode(model, full, s, set(), tok.pad_token_id)
 
 
+def test_prefix_cache_reuses_the_shared_prefix_only_without_grad_and_for_the_same_tokens(tiny_model_dir):
+    from opct.rollout import common_prefix, prefill
+
+    model, tok = load_model(str(tiny_model_dir))
+    ps = prompts(tok)
+    k = common_prefix(ps)
+    cache = {}
+    with torch.no_grad():
+        plain = prefill(model, ps, tok.pad_token_id)
+        first = prefill(model, ps, tok.pad_token_id, prefix_cache=cache)
+        kv = cache["kv"]
+        again = prefill(model, ps[::-1], tok.pad_token_id, prefix_cache=cache)  # other rows, same prefix: reused
+        assert cache["kv"] is kv and len(cache["ids"]) == min(k, min(map(len, ps)) - 1)
+        plain_again = prefill(model, ps[::-1], tok.pad_token_id)
+    # bit for bit the uncached computation, first and on reuse
+    assert torch.equal(first.last_hidden_BH, plain.last_hidden_BH)
+    assert torch.equal(again.last_hidden_BH, plain_again.last_hidden_BH)
+    other = [[7, 7] + p for p in ps]  # another shared prefix replaces the kept one
+    with torch.no_grad():
+        prefill(model, other, tok.pad_token_id, prefix_cache=cache)
+    assert cache["ids"][:2] == (7, 7) and cache["kv"] is not kv
+    kept = dict(cache)
+    prefill(model, ps, tok.pad_token_id, prefix_cache=cache)  # under grad: neither read nor written
+    assert cache == kept
+
+
 def test_response_logprobs_from_hidden_equal_full_logits(tiny_model_dir):
     from opct.losses import token_logprobs
     from opct.scoring import response_hidden, response_logprobs

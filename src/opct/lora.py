@@ -31,11 +31,11 @@ class LoRALinearFn(torch.autograd.Function):
     dx 522-565 ms and 494-508 ms."""
 
     @staticmethod
-    def forward(ctx, x_NI, w_OI, b_O, a_rI, b_Or, scale):
+    def forward(ctx, x_NI, w_OI, b_O, a_rI, b_Or, scale, w_packed=None):
         xa_Nr = x_NI @ a_rI.T
         # With B = 0 (a fresh adapter) the LoRA term adds exact zeros, so y is bit for bit the frozen base
         # linear's `gemm.linear(x, W, b)`: the teacher's value.
-        y_NO = gemm.linear(x_NI, w_OI, b_O).addmm_(xa_Nr, b_Or.T, alpha=scale)
+        y_NO = gemm.linear(x_NI, w_OI, b_O, w_packed).addmm_(xa_Nr, b_Or.T, alpha=scale)
         ctx.save_for_backward(x_NI, w_OI, a_rI, b_Or, xa_Nr)
         ctx.scale = scale
         return y_NO
@@ -49,7 +49,7 @@ class LoRALinearFn(torch.autograd.Function):
         dx_NI = gemm.mm(dy_NO, w_OI).addmm_(dyb_Nr, a_rI, alpha=s) if ctx.needs_input_grad[0] else None
         da_rI = (dyb_Nr.T @ x_NI).mul_(s) if ctx.needs_input_grad[3] else None
         db_Or = (dy_NO.T @ xa_Nr).mul_(s) if ctx.needs_input_grad[4] else None
-        return dx_NI, None, None, da_rI, db_Or, None
+        return dx_NI, None, None, da_rI, db_Or, None, None
 
 
 def _fast_forward(self, x, *args, **kwargs):
@@ -59,7 +59,7 @@ def _fast_forward(self, x, *args, **kwargs):
     if (self.disable_adapters and not self.merged and not args and not kwargs and x.dtype == base.weight.dtype
             and not (torch.is_grad_enabled() and (x.requires_grad or base.weight.requires_grad))):
         # The frozen teacher (adapters disabled, no grad): the base linear through the same product as the student.
-        y_NO = gemm.linear(x.reshape(-1, x.shape[-1]), base.weight, base.bias)
+        y_NO = gemm.linear(x.reshape(-1, x.shape[-1]), base.weight, base.bias, gemm.packed_weight(base, base.weight))
         return y_NO.view(*x.shape[:-1], y_NO.shape[-1])
     if (args or kwargs or self.disable_adapters or self.merged or len(names) != 1 or names[0] not in self.lora_A
             or not isinstance(self.lora_dropout[names[0]], torch.nn.Identity) or names[0] in self.lora_variant
@@ -69,7 +69,7 @@ def _fast_forward(self, x, *args, **kwargs):
     n = names[0]
     x_NI = x.reshape(-1, x.shape[-1])
     y_NO = LoRALinearFn.apply(x_NI, base.weight, base.bias, self.lora_A[n].weight, self.lora_B[n].weight,
-                              float(self.scaling[n]))
+                              float(self.scaling[n]), gemm.packed_weight(base, base.weight))
     return y_NO.view(*x.shape[:-1], y_NO.shape[-1])
 
 

@@ -166,6 +166,7 @@ class Teacher:
     def __init__(self, student):
         self.shared = hasattr(student, "disable_adapter")
         self.model = student if self.shared else copy.deepcopy(student).requires_grad_(False).eval()
+        self.prefix_cache: dict = {}  # the teacher never changes: its prompts' shared-prefix KV is reusable
 
     @contextlib.contextmanager
     def __call__(self):

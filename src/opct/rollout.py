@@ -96,12 +96,17 @@ def common_prefix(rows: list[list[int]]) -> int:
     return n
 
 
-def prefill(model, prompts: list[list[int]], pad_id: int, min_shared: int = 8) -> Prefill:
+def prefill(model, prompts: list[list[int]], pad_id: int, min_shared: int = 8,
+            prefix_cache: dict | None = None) -> Prefill:
     """Run the prompts, keeping their KV cache. When every prompt starts with the same tokens (a chat template's
     system prompt, a shared instruction: ~1/3 of a typical SmolLM2 prompt), that prefix runs once with batch 1
     and its KV is broadcast to every row; each row then runs only its own suffix, left-padded *after* the
     prefix. Positions and the attention mask make this the same computation as a full left-padded prefill (up to
-    float rounding), with gradients flowing back into the shared prefix when run under grad."""
+    float rounding), with gradients flowing back into the shared prefix when run under grad.
+
+    `prefix_cache` (a dict owned by the caller, for a model whose weights never change, e.g. the frozen teacher):
+    the shared prefix's KV is kept there and reused while the next call's prefix is the same tokens, as a chat
+    template's system prompt is on every step. Used only without grad."""
     B = len(prompts)
     body, _ = lm_parts(model)
     k = min(common_prefix(prompts), min(map(len, prompts)) - 1) if B > 1 else 0  # every row keeps >= 1 token
@@ -111,9 +116,17 @@ def prefill(model, prompts: list[list[int]], pad_id: int, min_shared: int = 8) -
         out = body(input_ids=ids_BL, attention_mask=mask_BL, position_ids=pos_BL, past_key_values=cache,
                    use_cache=True)
         return Prefill(cache, out.last_hidden_state[:, -1], mask_BL, pos_BL[:, -1])
-    prefix = body(input_ids=torch.tensor([prompts[0][:k]]), use_cache=True).past_key_values
-    cache = DynamicCache(ddp_cache_data=[(lay.keys.expand(B, -1, -1, -1), lay.values.expand(B, -1, -1, -1))
-                                         for lay in prefix.layers])
+    ids = tuple(prompts[0][:k])
+    keep = prefix_cache is not None and not torch.is_grad_enabled()
+    if keep and prefix_cache.get("ids") == ids:
+        kv = prefix_cache["kv"]
+    else:
+        prefix = body(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
+        kv = [(lay.keys, lay.values) for lay in prefix.layers]
+        if keep:
+            prefix_cache.clear()
+            prefix_cache.update(ids=ids, kv=kv)
+    cache = DynamicCache(ddp_cache_data=[(k_.expand(B, -1, -1, -1), v_.expand(B, -1, -1, -1)) for k_, v_ in kv])
     ids_BS, smask_BS, spos_BS = left_pad([p[k:] for p in prompts], pad_id)
     mask_BL = torch.cat([torch.ones(B, k, dtype=smask_BS.dtype), smask_BS], dim=1)  # [prefix | pads | suffix]
     pos_BS = spos_BS + k
