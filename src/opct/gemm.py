@@ -70,9 +70,10 @@ def packed_weight(owner: torch.nn.Module, w_OI: torch.Tensor) -> torch.Tensor | 
     """A copy of the frozen weight w laid out in advance for oneDNN's forward product (x W^T), kept for `owner`
     while w is unchanged; None where products do not go through oneDNN, w can change (requires grad), or the
     copies kept so far take an eighth of physical memory. Forward products with it are bit for bit those with
-    w itself, only faster: all 210 SmolLM2 linears ran at 207-212 GFLOP/s packed against 195-198 unpacked at
+    w itself from 2 rows on (a single row takes a matrix-vector kernel unpacked: equal to rounding; a SmolLM2 OPCT
+    run logged identical losses with and without packing), only faster: all 210 SmolLM2 linears ran at 207-212 GFLOP/s packed against 195-198 unpacked at
     248-520 rows, and 142 against 107 at 24 rows (2 threads). The backward's dy W gained nothing from packing
-    W^T, so backward products read w itself."""
+    W^T, so backward products read w itself. OPCT_PACK_WEIGHTS=0 in the environment turns packing off."""
     if w_OI.requires_grad or w_OI.dim() != 2 or os.environ.get("OPCT_PACK_WEIGHTS", "1") == "0" or not onednn(w_OI):
         return None
     key = (w_OI.data_ptr(), w_OI._version)
