@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import os
+import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-def _best(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from bounds import _best_seconds as _best  # noqa: E402
 
 
 def measure(hidden: int, intermediate: int, heads: int, kv_heads: int, layers: int, rows: list[int],

@@ -71,6 +71,8 @@ def keep_threads():
 
 
 def _load(name):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # the benchmarks import each other
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

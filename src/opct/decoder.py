@@ -29,6 +29,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from opct import gemm
+
 SUPPORTED = {"llama", "qwen2", "mistral"}
 _ATTN_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
@@ -180,11 +182,7 @@ def keep_packed(linears: list[torch.nn.Linear]) -> bool:
     if any(t.requires_grad for lin in linears for t in (lin.weight, lin.bias) if t is not None):
         return False
     nbytes = sum(lin.weight.numel() * lin.weight.element_size() for lin in linears)
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return False
-    return nbytes <= ram // 8
+    return nbytes <= gemm.physical_memory() // 8
 
 
 def _kept(body, part: str, linears: list[torch.nn.Linear], batch: int, pack):

@@ -61,6 +61,14 @@ def mm(a_NK: torch.Tensor, b_KM: torch.Tensor) -> torch.Tensor:
     return linear(a_NK, b_KM.t())
 
 
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (0 where the OS does not say): what kept weight copies are budgeted against."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 # Packed copies of frozen weights, per owning module: {module: ((data_ptr, _version), packed)}.
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 PACK_ROWS = 256  # the row count oneDNN lays a packed weight out for; any row count may use it
@@ -82,11 +90,7 @@ def packed_weight(owner: torch.nn.Module, w_OI: torch.Tensor) -> torch.Tensor | 
         return hit[1]
     _PACKED.pop(owner, None)
     kept = sum(w.numel() * 4 for (_, w) in _PACKED.values())
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-    if kept + w_OI.numel() * 4 > ram // 8:
+    if kept + w_OI.numel() * 4 > physical_memory() // 8:
         return None
     packed = torch.ops.mkldnn._reorder_linear_weight(w_OI.detach(), PACK_ROWS)
     _PACKED[owner] = (key, packed)
