@@ -80,8 +80,8 @@ def test_packed_weights_are_bit_identical_kept_while_unchanged_and_only_for_froz
         pytest.skip("no oneDNN in this PyTorch build")
     torch.manual_seed(0)
     lin = torch.nn.Linear(40, 24).requires_grad_(False)
-    p1 = gemm.packed_weight(lin, lin.weight)
-    assert p1 is not None and gemm.packed_weight(lin, lin.weight) is p1  # kept
+    p1 = gemm.packed_weight(lin)
+    assert p1 is not None and gemm.packed_weight(lin) is p1  # kept
     for rows in (1, 2, 7, 300):
         x = torch.randn(rows, 40)
         got, want = gemm.linear(x, lin.weight, lin.bias, p1), gemm.linear(x, lin.weight, lin.bias)
@@ -89,8 +89,8 @@ def test_packed_weights_are_bit_identical_kept_while_unchanged_and_only_for_froz
         assert torch.equal(got, want) if rows > 1 else torch.allclose(got, want, atol=1e-6)
     with torch.no_grad():
         lin.weight.mul_(2.0)  # changed in place: repacked
-    p2 = gemm.packed_weight(lin, lin.weight)
+    p2 = gemm.packed_weight(lin)
     assert p2 is not p1 and torch.equal(gemm.linear(x, lin.weight, None, p2), gemm.linear(x, lin.weight))
-    assert gemm.packed_weight(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).weight) is None  # trainable
+    assert gemm.packed_weight(torch.nn.Linear(4, 4)) is None  # trainable
     monkeypatch.setenv("OPCT_PACK_WEIGHTS", "0")
-    assert gemm.packed_weight(torch.nn.Linear(4, 4), torch.zeros(4, 4)) is None
+    assert gemm.packed_weight(torch.nn.Linear(4, 4).requires_grad_(False)) is None

@@ -13,7 +13,7 @@ copy is freed with it at the end of the rollout: keeping it across steps would d
 the backward pass, where a training step peaks (for a 1.7B model, 7 GB more), and applying the adapters unmerged
 on a kept base copy measured slower. Building one per rollout also means it always decodes with the current
 weights. Weights that cannot change between rollouts (the LM head; the whole body when no adapter is active)
-keep their packed copy while it is small (`keep_packed`). The Hugging Face model stays the reference for every
+keep their packed copy while it is small (`gemm.kept`). The Hugging Face model stays the reference for every
 log-prob that enters a loss, and tests pin this path's logits against it.
 
 Anything outside the supported layout (other attention variants, q/k norms, sliding windows, adapted embeddings,
@@ -24,7 +24,6 @@ forward.
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -162,42 +161,12 @@ def _groups(body, scaling: float):
                "gate_up": ([m.gate_proj, m.up_proj], [1.0, 1.0]), "down": ([m.down_proj], [1.0])}
 
 
-# Packed weights kept across rollouts, per model body: {"head" | "body": (weights key, batch, packed)}.
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _weights_key(linears: list[torch.nn.Linear]) -> tuple:
-    """Identifies the current weights of these linears: an in-place update bumps a tensor's _version, replacing
-    it changes its storage."""
-    ws = [t for lin in linears for t in (lin.weight, lin.bias) if t is not None]
-    return tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in ws)
-
-
-def keep_packed(linears: list[torch.nn.Linear]) -> bool:
-    """Whether a packed copy of these weights may outlive a rollout: only when they cannot change (frozen: the
-    base weights under LoRA, the LM head) and take at most an eighth of physical memory (SmolLM2-135M's head:
-    0.11 GB; all its weights: 0.54 GB). Otherwise they are packed anew for each rollout and freed with it, so a
-    large model or a full fine-tune does not carry a second copy of its weights through the backward pass,
-    where a training step peaks."""
-    if any(t.requires_grad for lin in linears for t in (lin.weight, lin.bias) if t is not None):
-        return False
-    nbytes = sum(lin.weight.numel() * lin.weight.element_size() for lin in linears)
-    return nbytes <= gemm.physical_memory() // 8
-
-
 def _kept(body, part: str, linears: list[torch.nn.Linear], batch: int, pack):
-    """pack() or, when these weights may be kept (`keep_packed`), the copy packed by an earlier rollout while
-    they are unchanged."""
-    if not keep_packed(linears):
-        return pack()
-    key = _weights_key(linears)
-    kept = _KEPT.setdefault(body, {})
-    hit = kept.get(part)
-    if hit is not None and hit[0] == key and hit[1] == batch:
-        return hit[2]
-    kept.pop(part, None)  # free a stale copy before packing a new one
-    kept[part] = (key, batch, pack())
-    return kept[part][2]
+    """The copy of these weights an earlier rollout packed for `batch`, while they are unchanged (`gemm.kept`:
+    frozen, and the kept copies small); otherwise pack() anew, to be freed with this decoder."""
+    tensors = [t for lin in linears for t in (lin.weight, lin.bias) if t is not None]
+    packed = gemm.kept(body, "decode_" + part, tensors, pack, extra=batch)
+    return pack() if packed is None else packed
 
 
 class LeanDecoder:
@@ -205,7 +174,7 @@ class LeanDecoder:
     Build one per rollout: it reads the weights as they are when built and does not follow later updates.
 
     The LM head, and the body too when no adapter is active (a frozen teacher answering, say), are packed once
-    and kept while unchanged (`keep_packed`): ~0.05 s and ~0.3 s a SmolLM2 rollout. With LoRA the body is merged
+    and kept while unchanged (`gemm.kept`): ~0.05 s and ~0.3 s a SmolLM2 rollout. With LoRA the body is merged
     and packed anew each rollout, since applying the adapters unmerged was measured slower: +10 ms a token for
     SmolLM2 at batch 8 (240 extra small matmuls), ~0.3 s a 32-token rollout, against ~0.25 s for merging and
     packing."""

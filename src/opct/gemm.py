@@ -69,29 +69,44 @@ def physical_memory() -> int:
         return 0
 
 
-# Packed copies of frozen weights, per owning module: {module: ((data_ptr, _version), packed)}.
-_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Copies derived from frozen tensors, kept while those are unchanged: {owner: {tag: (key, copy, nbytes)}}.
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def kept(owner, tag: str, tensors: list[torch.Tensor], make, extra=()):
+    """make(), kept for `owner` under `tag` and returned again while `tensors` are unchanged (an in-place update
+    bumps a tensor's _version, replacing it changes its storage) and `extra` is the same; one copy per (owner, tag).
+    None, and nothing kept, when a tensor can change (requires grad) or all kept copies would take more than an
+    eighth of physical memory: the caller then works without a kept copy, so a large model or a full fine-tune
+    does not carry a second copy of its weights through the backward pass, where a training step peaks."""
+    if any(t.requires_grad for t in tensors):
+        return None
+    key = (tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors), extra)
+    copies = _KEPT.setdefault(owner, {})
+    hit = copies.pop(tag, None)  # a stale copy is freed before a new one is made
+    if hit is not None and hit[0] == key:
+        copies[tag] = hit
+        return hit[1]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    in_use = sum(c[2] for cs in _KEPT.values() for c in cs.values())
+    if in_use + nbytes > physical_memory() // 8:
+        return None
+    copies[tag] = (key, make(), nbytes)
+    return copies[tag][1]
+
+
 PACK_ROWS = 256  # the row count oneDNN lays a packed weight out for; any row count may use it
 
 
-def packed_weight(owner: torch.nn.Module, w_OI: torch.Tensor) -> torch.Tensor | None:
-    """A copy of the frozen weight w laid out in advance for oneDNN's forward product (x W^T), kept for `owner`
-    while w is unchanged; None where products do not go through oneDNN, w can change (requires grad), or the
-    copies kept so far take an eighth of physical memory. Forward products with it are bit for bit those with
-    w itself from 2 rows on (a single row takes a matrix-vector kernel unpacked: equal to rounding; a SmolLM2 OPCT
-    run logged identical losses with and without packing), only faster: all 210 SmolLM2 linears ran at 207-212 GFLOP/s packed against 195-198 unpacked at
-    248-520 rows, and 142 against 107 at 24 rows (2 threads). The backward's dy W gained nothing from packing
-    W^T, so backward products read w itself. OPCT_PACK_WEIGHTS=0 in the environment turns packing off."""
-    if w_OI.requires_grad or w_OI.dim() != 2 or os.environ.get("OPCT_PACK_WEIGHTS", "1") == "0" or not onednn(w_OI):
+def packed_weight(lin: torch.nn.Linear) -> torch.Tensor | None:
+    """A copy of a frozen linear's weight laid out in advance for oneDNN's forward product (x W^T), `kept` while
+    the weight is unchanged; None where products do not go through oneDNN or no copy may be kept. Forward products
+    with it are bit for bit those with the weight itself from 2 rows on (a single row takes a matrix-vector kernel
+    unpacked: equal to rounding; a SmolLM2 OPCT run logged identical losses with and without packing), only
+    faster: all 210 SmolLM2 linears ran at 207-212 GFLOP/s packed against 195-198 unpacked at 248-520 rows, and
+    142 against 107 at 24 rows (2 threads). The backward's dy W gained nothing from packing W^T, so backward
+    products read the weight itself. OPCT_PACK_WEIGHTS=0 in the environment turns packing off."""
+    w_OI = lin.weight
+    if os.environ.get("OPCT_PACK_WEIGHTS", "1") == "0" or not onednn(w_OI):
         return None
-    key = (w_OI.data_ptr(), w_OI._version)
-    hit = _PACKED.get(owner)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    _PACKED.pop(owner, None)
-    kept = sum(w.numel() * 4 for (_, w) in _PACKED.values())
-    if kept + w_OI.numel() * 4 > physical_memory() // 8:
-        return None
-    packed = torch.ops.mkldnn._reorder_linear_weight(w_OI.detach(), PACK_ROWS)
-    _PACKED[owner] = (key, packed)
-    return packed
+    return kept(lin, "packed", [w_OI], lambda: torch.ops.mkldnn._reorder_linear_weight(w_OI.detach(), PACK_ROWS))

@@ -59,7 +59,7 @@ def _fast_forward(self, x, *args, **kwargs):
     if (self.disable_adapters and not self.merged and not args and not kwargs and x.dtype == base.weight.dtype
             and not (torch.is_grad_enabled() and (x.requires_grad or base.weight.requires_grad))):
         # The frozen teacher (adapters disabled, no grad): the base linear through the same product as the student.
-        y_NO = gemm.linear(x.reshape(-1, x.shape[-1]), base.weight, base.bias, gemm.packed_weight(base, base.weight))
+        y_NO = gemm.linear(x.reshape(-1, x.shape[-1]), base.weight, base.bias, gemm.packed_weight(base))
         return y_NO.view(*x.shape[:-1], y_NO.shape[-1])
     if (args or kwargs or self.disable_adapters or self.merged or len(names) != 1 or names[0] not in self.lora_A
             or not isinstance(self.lora_dropout[names[0]], torch.nn.Identity) or names[0] in self.lora_variant
@@ -69,7 +69,7 @@ def _fast_forward(self, x, *args, **kwargs):
     n = names[0]
     x_NI = x.reshape(-1, x.shape[-1])
     y_NO = LoRALinearFn.apply(x_NI, base.weight, base.bias, self.lora_A[n].weight, self.lora_B[n].weight,
-                              float(self.scaling[n]), gemm.packed_weight(base, base.weight))
+                              float(self.scaling[n]), gemm.packed_weight(base))
     return y_NO.view(*x.shape[:-1], y_NO.shape[-1])
 
 

@@ -133,8 +133,8 @@ def opct_step(model, teacher: Teacher, pad_id: int, eos_ids: set[int], batch, cf
         for c in chunks:
             b = build_batch(prompts_t[c], responses[c], pad_id)
             # Same computation as the student's (below), so identical prompts give bit-identical log-probs.
-            pre_t = prefill(tm, prompts_t, pad_id, prefix_cache=teacher.prefix_cache) if fused else None
-            h_t_BTH = (response_hidden_after_prefill(tm, pre_t, responses, pad_id)
+            h_t_BTH = (response_hidden_after_prefill(tm, prefill(tm, prompts_t, pad_id,
+                                                                 prefix_cache=teacher.prefix_cache), responses, pad_id)
                        if fused else response_hidden(tm, b))
             teacher_out.append(head_logits(tm, h_t_BTH).float() if cfg.loss in losses.EXACT
                                else response_logprobs(tm, h_t_BTH, b.response_BT))
