@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from opct import config
+from opct import config, malloc
 
 def cmd_train(args) -> None:
     from opct.opct import train
@@ -58,6 +58,7 @@ def cmd_report(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    malloc.keep_freed_memory()  # every command allocates and frees the same large buffers step after step
     parser = argparse.ArgumentParser(prog="opct", description="On-Policy Consistency Training of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="OPCT on a JSONL of consistency pairs",

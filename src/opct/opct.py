@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from opct import checkpoint, losses
+from opct import checkpoint, losses, malloc
 from opct.config import TrainConfig, to_yaml
 from opct.metrics import MetricsLog, peak_rss_mb
 from opct.models import Teacher, add_lora, load_model
@@ -205,6 +205,7 @@ def start_run(cfg: TrainConfig, pairs: list[ConsistencyPair] | None) -> Run:
         pairs = load_pairs(cfg.pairs)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    malloc.keep_freed_memory()  # each step re-allocates the same large buffers: keep their pages (malloc.py)
     seed_everything(cfg.seed)
     model, tok = load_model(cfg.model)
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 2048)
