@@ -8,8 +8,8 @@ preallocated. Which packing wins depends on the CPU: on an AMD EPYC, 2 threads,
 all of SmolLM2's weights at batch 8 took 35 ms with oneDNN, 77 ms MKL-packed, 70 ms F.linear; an earlier
 machine gave MKL-packed ~1.8x F.linear. `OPCT_DECODE_MATMUL=onednn|mkl|dense` picks one.
 
-With LoRA, a decoder merges and packs the body's weights when it is built (~0.35 s for SmolLM2) and the packed
-copy is freed with it at the end of the rollout: keeping it across steps would double the weights' memory through
+With LoRA, a decoder merges and packs the body's weights when it is built (~0.17 s for SmolLM2 once `malloc`
+keeps freed pages; 0.2-0.3 s without) and the packed copy is freed with it at the end of the rollout: keeping it across steps would double the weights' memory through
 the backward pass, where a training step peaks (for a 1.7B model, 7 GB more), and applying the adapters unmerged
 on a kept base copy measured slower. Building one per rollout also means it always decodes with the current
 weights. Weights that cannot change between rollouts (the LM head; the whole body when no adapter is active)
@@ -181,7 +181,7 @@ class LeanDecoder:
     The LM head, and the body too when no adapter is active (a frozen teacher answering, say), are packed once
     and kept while unchanged (`gemm.kept`): ~0.05 s and ~0.3 s a SmolLM2 rollout. With LoRA the body is merged
     and packed anew each rollout, since applying the adapters unmerged was measured slower: +10 ms a token for
-    SmolLM2 at batch 8 (240 extra small matmuls), ~0.3 s a 32-token rollout, against ~0.25 s for merging and
+    SmolLM2 at batch 8 (240 extra small matmuls), ~0.3 s a 32-token rollout, against ~0.17-0.25 s for merging and
     packing."""
 
     def __init__(self, model, batch: int):
