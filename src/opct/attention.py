@@ -30,26 +30,26 @@ def short_attention(module, query, key, value, attention_mask, dropout: float = 
     (True = attend). Returns (output_BTHD, None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    mask = attention_mask
     B, H, T, D = query.shape
     K, S = key.shape[1], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if attention_mask is None and causal and S >= T:
+    mask_B1TS = attention_mask
+    if mask_B1TS is None and causal and S >= T:
         # No mask: the sdpa mask builder left it out because it is plain causal attention (no padding).
-        attention_mask = torch.ones(T, S, dtype=torch.bool).tril_(S - T)[None, None]
+        mask_B1TS = torch.ones(T, S, dtype=torch.bool).tril_(S - T)[None, None]
     plain = (query.device.type == "cpu" and (dropout == 0.0 or not module.training) and H % K == 0
-             and T * S <= MAX_SCORES and value.shape[-1] == D and isinstance(attention_mask, torch.Tensor)
-             and attention_mask.dtype == torch.bool and attention_mask.dim() == 4 and attention_mask.shape[1] == 1
+             and T * S <= MAX_SCORES and value.shape[-1] == D and isinstance(mask_B1TS, torch.Tensor)
+             and mask_B1TS.dtype == torch.bool and mask_B1TS.dim() == 4 and mask_B1TS.shape[1] == 1
              and not any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias")))
     if not plain:
-        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     G = H // K  # query heads per key/value head: head h reads key/value head h // G, as HF's repeat_kv
     scale = D ** -0.5 if scaling is None else scaling
     # Masked scores get the dtype's most negative value, not -inf: a row with nothing to attend to (a padding
     # query) gets a uniform softmax instead of NaNs that would reach the backward pass.
-    bias_B11TS = torch.zeros(attention_mask.shape, dtype=query.dtype).masked_fill_(
-        ~attention_mask, torch.finfo(query.dtype).min)[:, :, None]
+    bias_B11TS = torch.zeros(mask_B1TS.shape, dtype=query.dtype).masked_fill_(
+        ~mask_B1TS, torch.finfo(query.dtype).min)[:, :, None]
     scores_BKGTS = torch.matmul(query.reshape(B, K, G * T, D), key.transpose(-1, -2)).view(B, K, G, T, S)
     p_BKGTS = torch.add(bias_B11TS, scores_BKGTS, alpha=scale).softmax(-1)
     out_BKGTD = torch.matmul(p_BKGTS.view(B, K, G * T, S), value)

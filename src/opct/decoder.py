@@ -100,7 +100,7 @@ def packing(w: torch.Tensor) -> str:
         raise ValueError(f"OPCT_DECODE_MATMUL={want!r}: expected onednn, mkl or dense")
     if w.device.type != "cpu" or w.dtype != torch.float32:
         return "dense"
-    if want == "onednn" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if want == "onednn" and gemm.onednn_works():
         return "onednn"
     if want in ("onednn", "mkl") and torch.backends.mkl.is_available() and hasattr(
             torch.ops.mkl, "_mkl_reorder_linear_weight"):

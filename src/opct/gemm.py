@@ -27,7 +27,7 @@ _OP = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 
 
 @functools.cache
-def _op_works() -> bool:
+def onednn_works() -> bool:
     """Whether oneDNN's linear runs and agrees with torch here (checked once a process, on a tiny product): some
     builds list the op but cannot run it on this CPU, and those must take torch's ops, not fail."""
     if _OP is None or not torch.backends.mkldnn.is_available():
@@ -45,7 +45,7 @@ def onednn(*tensors: torch.Tensor) -> bool:
     if want not in ("onednn", "torch"):
         raise ValueError(f"OPCT_CPU_GEMM={want!r}: expected onednn or torch")
     return (want == "onednn" and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and _op_works())
+            and onednn_works())
 
 
 def linear(x_NI: torch.Tensor, w_OI: torch.Tensor, b_O: torch.Tensor | None = None,

@@ -14,25 +14,23 @@ OPCT_KEEP_FREED_MEMORY=0 in the environment leaves the allocator alone; other C 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 MMAP_THRESHOLD = 1 << 30  # blocks up to 1 GiB come from the heap, so freeing them keeps their pages
 TRIM_THRESHOLD = (1 << 31) - 1  # free memory at the heap's top is kept up to the largest value mallopt takes
-_done: bool | None = None
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds once per process. Returns whether they are raised."""
-    global _done
-    if _done is None:
-        _done = False
-        if os.environ.get("OPCT_KEEP_FREED_MEMORY", "1") != "0" and platform.libc_ver()[0] == "glibc":
-            try:
-                libc = ctypes.CDLL("libc.so.6")
-                _done = bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(MMAP_THRESHOLD))
-                             and libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(TRIM_THRESHOLD)))
-            except (OSError, AttributeError):
-                _done = False
-    return _done
+    """Raise glibc's mmap and trim thresholds, once per process. Returns whether they are raised."""
+    if os.environ.get("OPCT_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(MMAP_THRESHOLD))
+                    and libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(TRIM_THRESHOLD)))
+    except (OSError, AttributeError):
+        return False
