@@ -11,7 +11,8 @@ round also runs both sides as full fine-tunes (`--lora-rank 0`). If step.py is m
 
 Summary per configuration: each side's median over all measured steps (every round pooled), the median
 per-phase split across rounds, the largest peak RSS, `ratio` = opct / TRL for step time and peak RSS (the
-issue's target: step time <= 0.5), and each phase against its bound:
+issue's target: step time <= 0.5) with `step_time_spread` (the ratio round by round, and a 95% bootstrap
+interval: how firmly one run's ratio sits on either side of 0.5), and each phase against its bound:
 
   teacher  FLOPs = F(teacher prompt + response tokens, response logits)                 vs matmul peak
   student  FLOPs = k x F(student prompt + response tokens, response logits)             vs matmul peak
@@ -208,6 +209,30 @@ def ratio(opct: dict | None, trl: dict | None, key: str):
     return opct[key] / trl[key]
 
 
+def ratio_spread(opct_runs: list[dict], trl_runs: list[dict], n_boot: int = 4000, seed: int = 0) -> dict | None:
+    """How firm the step-time ratio is. `per_round`: opct's median step over TRL's median step of the same round
+    (both ran back to back). `ci95`: a 95% interval for the pooled ratio (median of all opct steps over median of
+    all TRL steps) from a two-level bootstrap: resample each side's rounds with replacement, then the steps
+    within each drawn round, so that round-to-round drift of the machine, the larger source of spread here,
+    widens the interval as it should. Seeded: the same runs always give the same interval."""
+    import random
+
+    ok_o = [r["steps_s"] for r in opct_runs if "error" not in r and r.get("steps_s")]
+    ok_t = [r["steps_s"] for r in trl_runs if "error" not in r and r.get("steps_s")]
+    if not ok_o or not ok_t:
+        return None
+    rng = random.Random(seed)
+
+    def draw(rounds):
+        picked = [rounds[rng.randrange(len(rounds))] for _ in rounds]
+        return median([steps[rng.randrange(len(steps))] for steps in picked for _ in steps])
+
+    boot = sorted(draw(ok_o) / draw(ok_t) for _ in range(n_boot))
+    return {"per_round": [median(o) / median(t) for o, t in zip(ok_o, ok_t)],
+            "ci95": [boot[int(0.025 * n_boot)], boot[int(0.975 * n_boot) - 1]],
+            "share_of_bootstrap_at_most_0.5": sum(b <= 0.5 for b in boot) / n_boot}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="opct vs TRL SDFTTrainer, alternating runs; prints a JSON summary.")
     p.add_argument("--model", default="smollm2-135m-instruct", help="alias, dir or Hub id (resolved by opct.models.resolve)")
@@ -262,7 +287,8 @@ def main(argv=None):
         entry = {
             "opct": opct,
             "trl": trl,
-            "ratio": {"step_time": ratio(opct, trl, "median_step_s"), "peak_rss": ratio(opct, trl, "peak_rss_mb")},
+            "ratio": {"step_time": ratio(opct, trl, "median_step_s"), "peak_rss": ratio(opct, trl, "peak_rss_mb"),
+                      "step_time_spread": ratio_spread(runs[rank]["opct"], runs[rank]["trl"])},
         }
         if "error" not in bounds:
             entry["vs_bounds"] = {side: phase_table(pooled, bounds, rank)

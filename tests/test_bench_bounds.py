@@ -97,3 +97,16 @@ def test_matmul_peak_is_the_best_kernel_at_each_size(keep_threads):
     for n, best in out["by_size"].items():
         assert best == max(k[n] for k in out["by_kernel"].values())
     assert out["gflops"] == max(out["by_size"].values())
+
+
+def test_ratio_spread_pairs_rounds_and_brackets_the_pooled_ratio(vs_trl):
+    opct = [{"steps_s": [5.0, 5.2, 5.1]}, {"steps_s": [5.6, 5.5, 5.7]}]
+    trl = [{"steps_s": [10.0, 10.4, 10.2]}, {"steps_s": [11.0, 11.2, 11.1]}, {"error": "trl_step.py exited 1"}]
+    spread = vs_trl.ratio_spread(opct, trl)
+    assert spread["per_round"] == pytest.approx([5.1 / 10.2, 5.6 / 11.1])
+    lo, hi = spread["ci95"]
+    pooled = vs_trl.median([5.0, 5.2, 5.1, 5.6, 5.5, 5.7]) / vs_trl.median([10.0, 10.4, 10.2, 11.0, 11.2, 11.1])
+    assert 5.0 / 11.2 <= lo <= pooled <= hi <= 5.7 / 10.0
+    assert 0.0 < spread["share_of_bootstrap_at_most_0.5"] < 1.0
+    assert vs_trl.ratio_spread(opct, trl) == spread  # seeded
+    assert vs_trl.ratio_spread(opct, [{"error": "x"}]) is None
