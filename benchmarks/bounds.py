@@ -39,11 +39,12 @@ def _best_seconds(fn, repeats: int) -> float:
 def _gemms(a, b):
     """The fp32 GEMM kernels a training step can use, each computing a @ b: torch.mm (MKL/BLAS) and, where this
     PyTorch has it, oneDNN's linear (what opct.gemm calls; the faster of the two on the AMD EPYC VMs we measure on)."""
+    from opct import gemm
+
     kernels = {"torch": lambda: torch.mm(a, b)}
-    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-    if op is not None and torch.backends.mkldnn.is_available():
+    if gemm.onednn_works():  # oneDNN runs here (the op exists and gives torch's result)
         bt = b.t()
-        kernels["onednn"] = lambda: op(a, bt, None, "none", [], "")
+        kernels["onednn"] = lambda: gemm._OP(a, bt, None, "none", [], "")
     return kernels
 
 

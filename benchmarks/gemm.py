@@ -31,8 +31,9 @@ def measure(hidden: int, intermediate: int, heads: int, kv_heads: int, layers: i
     shapes = [(hidden, hidden), (hidden, kv_heads * d), (hidden, kv_heads * d), (hidden, hidden),
               (hidden, intermediate), (hidden, intermediate), (intermediate, hidden)]  # (in, out)
     ws = [[torch.randn(o, i) * 0.02 for i, o in shapes] for _ in range(layers)]
-    op = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-    have_onednn = op is not None and torch.backends.mkldnn.is_available()
+    from opct import gemm
+
+    op, have_onednn = gemm._OP, gemm.onednn_works()
     out = {"shapes_in_out": shapes, "layers": layers, "threads": threads, "torch": torch.__version__,
            "onednn_available": have_onednn, "by_rows": {}}
     for n in rows:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import subprocess
 import sys
@@ -215,8 +216,6 @@ def ratio_spread(opct_runs: list[dict], trl_runs: list[dict], n_boot: int = 4000
     all TRL steps) from a two-level bootstrap: resample each side's rounds with replacement, then the steps
     within each drawn round, so that round-to-round drift of the machine, the larger source of spread here,
     widens the interval as it should. Seeded: the same runs always give the same interval."""
-    import random
-
     ok_o = [r["steps_s"] for r in opct_runs if "error" not in r and r.get("steps_s")]
     ok_t = [r["steps_s"] for r in trl_runs if "error" not in r and r.get("steps_s")]
     if not ok_o or not ok_t:
