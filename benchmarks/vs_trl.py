@@ -20,9 +20,9 @@ interval: how firmly one run's ratio sits on either side of 0.5), and each phase
            k = 3 for a full fine-tune (forward + activation + weight gradients).
   optim    AdamW step, memory-bound: reads param, grad and both moments, writes param and moments
            = 7 x 4 bytes per trainable fp32 parameter                                   vs bandwidth
-  sample   seconds per decode step (phase seconds / decode steps, prompt prefill included)
-           vs weights bytes / bandwidth (every weight read once per step); the phase bound adds
-           the prompt prefill at matmul peak. `decode_only` (opct reports its decode loop separately):
+  sample   seconds per decode step (phase seconds / decode steps = sampled tokens, prompt prefill included)
+           vs weights bytes / bandwidth (every weight read once per step); the phase bound is the prompt
+           prefill at matmul peak plus one weight pass per token after the first (which the prefill gives). `decode_only` (opct reports its decode loop separately):
            seconds per step vs that bandwidth bound and vs the FLOP bound, batch x F(1 token, 1 logit) / peak
            (at batch 8 a step does ~2 GFLOP, so on a 2-core CPU the FLOP bound is the larger one)
   step     median step seconds vs the sum of the phase bounds
@@ -177,8 +177,10 @@ def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
     decode = bounds["decode"].get(str(lora_rank)) or bounds["decode"]["0"]
     if phases.get("sample") and side.get("decode_steps"):
         per_step = phases["sample"] / side["decode_steps"]
-        # Whole-phase bound: every decode step streams the weights, plus the prompt prefill at matmul peak.
-        bound_s = side["decode_steps"] * decode["s_per_step_weights"] + forward_flops(bounds, student_prompt, 0) / (peak * 1e9)
+        # Whole-phase bound: the prompt prefill at matmul peak (its last position gives the first token), then
+        # one pass streaming the weights for each further token.
+        passes = max(side["decode_steps"] - 1, 0)
+        bound_s = passes * decode["s_per_step_weights"] + forward_flops(bounds, student_prompt, 0) / (peak * 1e9)
         table["sample"] = {
             "seconds": phases["sample"],
             "decode_steps": side["decode_steps"],

@@ -52,6 +52,26 @@ def test_stops_at_eos_and_keeps_it(tiny_model_dir):
     assert out == [first]  # the EOS token is the last token of the response
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_n_tokens_take_n_minus_one_forward_passes_after_the_prefill(tiny_model_dir, monkeypatch, lean):
+    """The prefill's last position gives the first token; the last sampled token needs no forward pass."""
+    from opct.decoder import LeanDecoder
+    from opct.rollout import decode, prefill
+
+    model, tok = load_model(str(tiny_model_dir))
+    model.eval()
+    calls = []
+    if lean:
+        step = LeanDecoder.step
+        monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
+    else:
+        monkeypatch.setattr(model, "forward", lambda *a, _f=model.forward, **k: calls.append(1) or _f(*a, **k))
+    with torch.no_grad():
+        out = decode(model, prefill(model, prompts(tok), tok.pad_token_id), SamplingSettings(5, temperature=1.0),
+                     set(), tok.pad_token_id, torch.Generator().manual_seed(0), lean=lean)
+    assert [len(r) for r in out] == [5, 5] and len(calls) == 4
+
+
 def test_top_k_and_top_p_restrict_support():
     logits = torch.tensor([[3.0, 2.0, 1.0, -5.0]]).repeat(2000, 1)
     g = torch.Generator().manual_seed(0)

@@ -166,8 +166,8 @@ def decode(model, pre: Prefill, settings: SamplingSettings, eos_ids: set[int], p
         for i in (~done_B).nonzero().flatten().tolist():
             responses[i].append(int(tok_B[i]))
         done_B |= torch.isin(tok_B, eos_V)
-        if bool(done_B.all()):
-            break
+        if step + 1 == settings.max_new_tokens or bool(done_B.all()):
+            break  # the last token needs no forward pass: its logits would never be sampled from
         # Finished rows keep decoding a pad token (their outputs are discarded), which keeps the batch rectangular.
         pos_B = pos_B + 1
         if dec is not None:
