@@ -22,8 +22,9 @@ interval: how firmly one run's ratio sits on either side of 0.5), and each phase
            = 7 x 4 bytes per trainable fp32 parameter                                   vs bandwidth
   sample   seconds per decode step (phase seconds / decode steps = sampled tokens, prompt prefill included)
            vs weights bytes / bandwidth (every weight read once per step); the phase bound is the prompt
-           prefill at matmul peak plus one weight pass per token after the first (which the prefill gives). `decode_only` (opct reports its decode loop separately):
-           seconds per step vs that bandwidth bound and vs the FLOP bound, batch x F(1 token, 1 logit) / peak
+           prefill at matmul peak plus one weight pass per token after the first (which the prefill gives).
+           `decode_only` (opct reports its decode loop separately): seconds per step vs that bandwidth bound
+           and vs the FLOP bound, batch x F(1 token, 1 logit) / peak
            (at batch 8 a step does ~2 GFLOP, so on a 2-core CPU the FLOP bound is the larger one)
   step     median step seconds vs the sum of the phase bounds
 

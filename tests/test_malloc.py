@@ -1,5 +1,6 @@
 """opct.malloc: raising glibc's thresholds is opt-out and reports what it did."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,13 +11,12 @@ CODE = "from opct import malloc; print(malloc.keep_freed_memory(), malloc.keep_f
 
 
 def _run(env_value=None):
-    import os
-
     env = dict(os.environ)
     env.pop("OPCT_KEEP_FREED_MEMORY", None)
     if env_value is not None:
         env["OPCT_KEEP_FREED_MEMORY"] = env_value
-    return subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, check=True)
+    return out.stdout.split()
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")

@@ -9,8 +9,8 @@ all of SmolLM2's weights at batch 8 took 35 ms with oneDNN, 77 ms MKL-packed, 70
 machine gave MKL-packed ~1.8x F.linear. `OPCT_DECODE_MATMUL=onednn|mkl|dense` picks one.
 
 With LoRA, a decoder merges and packs the body's weights when it is built (~0.17 s for SmolLM2 once `malloc`
-keeps freed pages; 0.2-0.3 s without) and the packed copy is freed with it at the end of the rollout: keeping it across steps would double the weights' memory through
-the backward pass, where a training step peaks (for a 1.7B model, 7 GB more), and applying the adapters unmerged
+keeps freed pages; 0.2-0.3 s without) and the packed copy is freed with it at the end of the rollout: keeping it
+across steps would double the weights' memory through the backward pass, where a training step peaks (for a 1.7B model, 7 GB more), and applying the adapters unmerged
 on a kept base copy measured slower. Building one per rollout also means it always decodes with the current
 weights. Weights that cannot change between rollouts (the LM head; the whole body when no adapter is active)
 keep their packed copy while it is small (`gemm.kept`). The Hugging Face model stays the reference for every
