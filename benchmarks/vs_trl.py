@@ -219,10 +219,15 @@ def ratio_spread(opct_runs: list[dict], trl_runs: list[dict], n_boot: int = 4000
     all TRL steps) from a two-level bootstrap: resample each side's rounds with replacement, then the steps
     within each drawn round, so that round-to-round drift of the machine, the larger source of spread here,
     widens the interval as it should. Seeded: the same runs always give the same interval."""
-    ok_o = [r["steps_s"] for r in opct_runs if "error" not in r and r.get("steps_s")]
-    ok_t = [r["steps_s"] for r in trl_runs if "error" not in r and r.get("steps_s")]
+    def steps(run):
+        return run["steps_s"] if "error" not in run and run.get("steps_s") else None
+
+    ok_o = [s for s in map(steps, opct_runs) if s]
+    ok_t = [s for s in map(steps, trl_runs) if s]
     if not ok_o or not ok_t:
         return None
+    # Rounds pair by position; a round where either side failed has no ratio.
+    rounds = [(o, t) for o, t in zip(map(steps, opct_runs), map(steps, trl_runs)) if o and t]
     rng = random.Random(seed)
 
     def draw(rounds):
@@ -230,7 +235,7 @@ def ratio_spread(opct_runs: list[dict], trl_runs: list[dict], n_boot: int = 4000
         return median([steps[rng.randrange(len(steps))] for steps in picked for _ in steps])
 
     boot = sorted(draw(ok_o) / draw(ok_t) for _ in range(n_boot))
-    return {"per_round": [median(o) / median(t) for o, t in zip(ok_o, ok_t)],
+    return {"per_round": [median(o) / median(t) for o, t in rounds],
             "ci95": [boot[int(0.025 * n_boot)], boot[int(0.975 * n_boot) - 1]],
             "share_of_bootstrap_at_most_0.5": sum(b <= 0.5 for b in boot) / n_boot}
 

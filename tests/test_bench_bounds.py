@@ -110,3 +110,6 @@ def test_ratio_spread_pairs_rounds_and_brackets_the_pooled_ratio(vs_trl):
     assert 0.0 < spread["share_of_bootstrap_at_most_0.5"] < 1.0
     assert vs_trl.ratio_spread(opct, trl) == spread  # seeded
     assert vs_trl.ratio_spread(opct, [{"error": "x"}]) is None
+    # a failed round pairs with nothing: the rounds after it keep their own partner
+    later = vs_trl.ratio_spread([{"error": "x"}, *opct], [{"steps_s": [9.0, 9.1]}, *trl[:2]])
+    assert later["per_round"] == pytest.approx(spread["per_round"])
