@@ -175,3 +175,48 @@ def test_unknown_decode_matmul_is_an_error(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("OPCT_DECODE_MATMUL", "fast")
     with pytest.raises(ValueError, match="OPCT_DECODE_MATMUL='fast'"):
         LeanDecoder.build(model, 2)
+
+
+def test_lora_body_is_merged_in_place_into_kept_packed_weights(tmp_path):
+    """Where oneDNN packs weights as blocks of whole rows (gemm.block_rows) and every projection fills whole blocks
+    (hidden 128: q 128 rows, k/v 64), a LoRA decoder writes W + s B A straight into packed buffers that are kept
+    across rollouts: the next decoder reuses them once the previous one is gone, a decoder still alive keeps its
+    own, and logits follow the HF model through adapter updates."""
+    from opct import gemm
+
+    from conftest import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "m128", hidden=128)
+    model, tok = load_model(str(path))
+    if gemm.block_rows(256, 128, 3) is None:
+        pytest.skip("oneDNN's packed layout here is not whole row blocks")
+    model = add_lora(model, 4, 8.0).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    tokens = torch.tensor([[100, 200, 300], [5, 2, 9], [42, 43, 44]])
+    d1 = LeanDecoder.build(model, 3)
+    kept = d1.layers[0]["qkv"].packed
+    d2 = LeanDecoder.build(model, 3)  # d1 is alive: d2 must not write into d1's buffers
+    assert d2.layers[0]["qkv"].packed is not kept
+    del d1, d2
+    d3 = LeanDecoder.build(model, 3)
+    assert d3.layers[0]["qkv"].packed is kept and d3.layers[1]["down"].kind == "onednn"
+    del d3
+    hf, lean = hf_and_lean_logits(model, tok, tokens)
+    assert torch.allclose(hf, lean, atol=1e-4), (hf - lean).abs().max()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.mul_(-1.5)  # an optimizer step on the adapter: the kept buffers are rewritten, not stale
+    hf2, lean2 = hf_and_lean_logits(model, tok, tokens)
+    assert torch.allclose(hf2, lean2, atol=1e-4), (hf2 - lean2).abs().max()
+    assert (hf2 - hf).abs().max() > 1e-2
+    # the packed merged weights are W + s B A
+    dec = LeanDecoder.build(model, 3)
+    a = model.get_base_model().model.layers[1].mlp
+    w = torch.cat([a.gate_proj.get_delta_weight("default") + a.gate_proj.base_layer.weight,
+                   a.up_proj.get_delta_weight("default") + a.up_proj.base_layer.weight])
+    x = torch.randn(3, 128)
+    assert torch.allclose(dec.layers[1]["gate_up"](x), x @ w.T, atol=1e-5)

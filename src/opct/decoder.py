@@ -8,13 +8,16 @@ preallocated. Which packing wins depends on the CPU: on an AMD EPYC, 2 threads,
 all of SmolLM2's weights at batch 8 took 35 ms with oneDNN, 77 ms MKL-packed, 70 ms F.linear; an earlier
 machine gave MKL-packed ~1.8x F.linear. `OPCT_DECODE_MATMUL=onednn|mkl|dense` picks one.
 
-With LoRA, a decoder merges and packs the body's weights when it is built (~0.17 s for SmolLM2 once `malloc`
-keeps freed pages; 0.2-0.3 s without) and the packed copy is freed with it at the end of the rollout: keeping it
-across steps would double the weights' memory through the backward pass, where a training step peaks (for a 1.7B model, 7 GB more), and applying the adapters unmerged
-on a kept base copy measured slower. Building one per rollout also means it always decodes with the current
-weights. Weights that cannot change between rollouts (the LM head; the whole body when no adapter is active)
-keep their packed copy while it is small (`gemm.kept`). The Hugging Face model stays the reference for every
-log-prob that enters a loss, and tests pin this path's logits against it.
+With LoRA, a decoder merges the adapters into the body's weights when it is built, so it always decodes with the
+current weights. Where oneDNN's packed layout is blocks of whole rows (`gemm.block_rows`: AVX-512 CPUs), it writes
+W + s B A block by block straight into packed buffers kept across rollouts (`_merge_packed`: 0.06 s a SmolLM2
+rollout, from the packed base copy the training forward keeps); elsewhere it merges densely and packs afresh
+(~0.17 s, freed after the rollout). The kept buffers cost their size for the whole run (SmolLM2: +0.25 GB peak RSS
+in `benchmarks/step.py`'s setting, 2.9 -> 3.15 GB, for -0.06 s a step) and are held only within `gemm.kept`'s
+memory budget, so a large model does not carry them through the backward pass; applying the adapters unmerged on
+the base weights measured slower. Weights that cannot change between rollouts (the LM head; the whole body when
+no adapter is active) keep their packed copy while it is small (`gemm.kept`). The Hugging Face model stays the
+reference for every log-prob that enters a loss, and tests pin this path's logits against it.
 
 Anything outside the supported layout (other attention variants, q/k norms, sliding windows, adapted embeddings,
 DoRA and other LoRA variants) makes `LeanDecoder.build` return None, and the caller falls back to the Hugging Face
@@ -24,6 +27,7 @@ forward.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -122,6 +126,13 @@ class _Packed:
         else:
             self.packed, self.w = None, w
 
+    @classmethod
+    def onednn(cls, packed: torch.Tensor, b: torch.Tensor | None, batch: int) -> _Packed:
+        """Wrap a weight oneDNN has packed already."""
+        self = cls.__new__(cls)
+        self.kind, self.batch, self.b, self.packed, self.w = "onednn", batch, b, packed, None
+        return self
+
     def __call__(self, x_BI: torch.Tensor) -> torch.Tensor:
         if self.kind == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x_BI, self.packed, self.b, "none", [], "")
@@ -138,8 +149,6 @@ def _group_weight(mods: list[torch.nn.Module], scales: list[float], lora: bool):
     member's rows times its scale."""
     bases = [_base(m) for m in mods]
     w = torch.empty(sum(b.out_features for b in bases), bases[0].in_features, dtype=bases[0].weight.dtype)
-    b = None if all(b.bias is None for b in bases) else torch.cat(
-        [b.bias.detach() if b.bias is not None else w.new_zeros(b.out_features) for b in bases])
     start = 0
     for m, base, sc in zip(mods, bases, scales):
         rows = slice(start, start + base.out_features)
@@ -152,10 +161,76 @@ def _group_weight(mods: list[torch.nn.Module], scales: list[float], lora: bool):
             torch.mul(base.weight.detach(), sc, out=w[rows])
         for A, Bm, s in factors[1:]:
             w[rows].addmm_(Bm, A, alpha=s * sc)
-        if b is not None and sc != 1.0:
-            b[rows] *= sc
         start += base.out_features
-    return w, b
+    return w, _group_bias(bases, scales)
+
+
+def _group_bias(bases: list[torch.nn.Linear], scales: list[float]) -> torch.Tensor | None:
+    """The stacked bias of a group (zeros for members without one), each member's part times its scale."""
+    if all(b.bias is None for b in bases):
+        return None
+    return torch.cat([(b.bias.detach() if b.bias is not None else b.weight.new_zeros(b.out_features)) * sc
+                      for b, sc in zip(bases, scales)])
+
+
+class _MergedBody:
+    """oneDNN-packed tensors for a LoRA model's merged body, kept across rollouts (`gemm.kept`) and rewritten in
+    place by each decoder built on them; `owner` is the decoder now reading them."""
+
+    def __init__(self, shapes: list[tuple[int, int]], batch: int):
+        self.packed = [torch.ops.mkldnn._reorder_linear_weight(torch.zeros(O, I), batch) for O, I in shapes]
+        self.owner = None
+
+
+def _merge_packed(body, groups, batch: int, owner) -> list[dict] | None:
+    """The merged body's groups as oneDNN-packed weights, written straight into packed memory: each member's
+    sc (W + s B A) computed block by block in oneDNN's [O/ob][I][ob] layout (`gemm.block_rows`), from the
+    frozen W's packed copy that the training forward keeps (`gemm.packed_weight`) or from W itself. No dense merged
+    copy and no repacking: SmolLM2 at batch 8, 2 threads, 0.06 s a rollout where merging densely and then packing
+    (`_group_weight`, `_Packed`) takes 0.17 s. The packed tensors are kept across rollouts and owned by one
+    decoder at a time (`owner`). None where this does not apply: decode products not through oneDNN, another
+    packed layout, a member whose rows do not fill whole blocks, the buffers still read by a live decoder, or no
+    room within `gemm.kept`'s memory budget; the caller then merges and packs afresh."""
+    flat = [(mods, scales) for g in groups for mods, scales in g.values()]
+    bases = [[_base(m) for m in mods] for mods, _ in flat]
+    shapes = [(sum(b.out_features for b in bs), bs[0].in_features) for bs in bases]
+    if packing(bases[0][0].weight) != "onednn":
+        return None
+    obs = [gemm.block_rows(O, I, batch) for O, I in shapes]
+    if any(ob is None or any(b.out_features % ob for b in bs) for ob, bs in zip(obs, bases)):
+        return None
+    merged = gemm.kept(body, "decode_merged", [], lambda: _MergedBody(shapes, batch), extra=(batch, tuple(shapes)),
+                       nbytes=4 * sum(O * I for O, I in shapes))
+    if merged is None or (merged.owner is not None and merged.owner() is not None):
+        return None
+    merged.owner = weakref.ref(owner)
+    with torch.no_grad():
+        for packed, ob, (mods, scales), bs, (O, I) in zip(merged.packed, obs, flat, bases, shapes):
+            dst_XIo = gemm.packed_blocks(packed, O, I, ob)
+            start = 0
+            for m, base, sc in zip(mods, bs, scales):
+                n = base.out_features // ob
+                kept_w = gemm.packed_weight(base, make=False)
+                if kept_w is not None and gemm.block_rows(base.out_features, I, gemm.PACK_ROWS) == ob:
+                    w_XIo = gemm.packed_blocks(kept_w, base.out_features, I, ob)
+                else:
+                    w_XIo = base.weight.detach().view(n, ob, I).transpose(1, 2)
+                out_XIo = dst_XIo[start:start + n]
+                factors = _lora_factors(m)
+                # Block j of (B A) in this layout is A^T B_j^T, B_j the j-th ob rows of B: a batched product.
+                blocks = [(A.T.expand(n, -1, -1), Bm.view(n, ob, -1).transpose(1, 2), s) for A, Bm, s in factors]
+                if blocks:
+                    a, b, s = blocks[0]
+                    torch.baddbmm(w_XIo, a, b, beta=sc, alpha=s * sc, out=out_XIo)
+                else:
+                    torch.mul(w_XIo, sc, out=out_XIo)
+                for a, b, s in blocks[1:]:
+                    out_XIo.baddbmm_(a, b, alpha=s * sc)
+                del w_XIo, kept_w
+                start += n
+    bias = [_group_bias([_base(m) for m in mods], scales) for mods, scales in flat]
+    wrapped = iter(_Packed.onednn(p, b, batch) for p, b in zip(merged.packed, bias))
+    return [{name: next(wrapped) for name in g} for g in groups]
 
 
 def _groups(body, scaling: float):
@@ -180,9 +255,9 @@ class LeanDecoder:
 
     The LM head, and the body too when no adapter is active (a frozen teacher answering, say), are packed once
     and kept while unchanged (`gemm.kept`): ~0.05 s and ~0.3 s a SmolLM2 rollout. With LoRA the body is merged
-    and packed anew each rollout, since applying the adapters unmerged was measured slower: +10 ms a token for
-    SmolLM2 at batch 8 (240 extra small matmuls), ~0.3 s a 32-token rollout, against ~0.17-0.25 s for merging and
-    packing."""
+    anew each rollout (into kept packed buffers where `_merge_packed` applies), since applying the adapters
+    unmerged was measured slower: +10 ms a token for SmolLM2 at batch 8 (240 extra small matmuls), ~0.3 s a
+    32-token rollout, against 0.06 s for merging in place (~0.17-0.25 s merging densely and packing)."""
 
     def __init__(self, model, batch: int):
         body, head, cfg = _inner(model)
@@ -202,7 +277,10 @@ class LeanDecoder:
             return _Packed(head.weight.detach(), None if head.bias is None else head.bias.detach(), batch)
 
         linears = [_base(m) for g in groups for mods, _ in g.values() for m in mods]
-        packed = pack_body() if lora else _kept(body, "body", linears, batch, pack_body)
+        if lora:
+            packed = _merge_packed(body, groups, batch, self) or pack_body()
+        else:
+            packed = _kept(body, "body", linears, batch, pack_body)
         self.head = _kept(body, "head", [head], batch, pack_head)
         self.layers = [{"ln1": layer.input_layernorm, "ln2": layer.post_attention_layernorm, **p}
                        for layer, p in zip(body.layers, packed)]

@@ -73,12 +73,14 @@ def physical_memory() -> int:
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def kept(owner, tag: str, tensors: list[torch.Tensor], make, extra=()):
+def kept(owner, tag: str, tensors: list[torch.Tensor], make, extra=(), nbytes: int | None = None):
     """make(), kept for `owner` under `tag` and returned again while `tensors` are unchanged (an in-place update
     bumps a tensor's _version, replacing it changes its storage) and `extra` is the same; one copy per (owner, tag).
     None, and nothing kept, when a tensor can change (requires grad) or all kept copies would take more than an
     eighth of physical memory: the caller then works without a kept copy, so a large model or a full fine-tune
-    does not carry a second copy of its weights through the backward pass, where a training step peaks."""
+    does not carry a second copy of its weights through the backward pass, where a training step peaks.
+    `nbytes`: the copy's size when it is not that of `tensors` (a buffer keyed by `extra` alone). With `make` None,
+    only a copy already kept is returned (None otherwise)."""
     if any(t.requires_grad for t in tensors):
         return None
     key = (tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors), extra)
@@ -87,7 +89,10 @@ def kept(owner, tag: str, tensors: list[torch.Tensor], make, extra=()):
     if hit is not None and hit[0] == key:
         copies[tag] = hit
         return hit[1]
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    if make is None:
+        return None
+    if nbytes is None:
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
     in_use = sum(c[2] for cs in _KEPT.values() for c in cs.values())
     if in_use + nbytes > physical_memory() // 8:
         return None
@@ -98,15 +103,50 @@ def kept(owner, tag: str, tensors: list[torch.Tensor], make, extra=()):
 PACK_ROWS = 256  # the row count oneDNN lays a packed weight out for; any row count may use it
 
 
-def packed_weight(lin: torch.nn.Linear) -> torch.Tensor | None:
+def packed_weight(lin: torch.nn.Linear, make: bool = True) -> torch.Tensor | None:
     """A copy of a frozen linear's weight laid out in advance for oneDNN's forward product (x W^T), `kept` while
     the weight is unchanged; None where products do not go through oneDNN or no copy may be kept. Forward products
     with it are bit for bit those with the weight itself from 2 rows on (a single row takes a matrix-vector kernel
     unpacked: equal to rounding; a SmolLM2 OPCT run logged identical losses with and without packing), only
     faster: all 210 SmolLM2 linears ran at 207-212 GFLOP/s packed against 195-198 unpacked at 248-520 rows, and
     142 against 107 at 24 rows (2 threads). The backward's dy W gained nothing from packing W^T, so backward
-    products read the weight itself. OPCT_PACK_WEIGHTS=0 in the environment turns packing off."""
+    products read the weight itself. OPCT_PACK_WEIGHTS=0 in the environment turns packing off. With `make` False,
+    only a copy already kept is returned."""
     w_OI = lin.weight
     if os.environ.get("OPCT_PACK_WEIGHTS", "1") == "0" or not onednn(w_OI):
         return None
-    return kept(lin, "packed", [w_OI], lambda: torch.ops.mkldnn._reorder_linear_weight(w_OI.detach(), PACK_ROWS))
+    make_packed = lambda: torch.ops.mkldnn._reorder_linear_weight(w_OI.detach(), PACK_ROWS)  # noqa: E731
+    return kept(lin, "packed", [w_OI], make_packed if make else None)
+
+
+@functools.cache
+def block_rows(out_features: int, in_features: int, rows: int) -> int | None:
+    """How oneDNN lays out an fp32 weight W_OI packed for `rows` rows (`torch.ops.mkldnn._reorder_linear_weight`),
+    when that layout is blocks of `ob` output rows stored column by column, [O/ob][I][ob], with no padding: ob
+    (64 on the AVX-512 CPUs we measure on, for every row count from 2 to 256). None for any other layout, or where
+    a packed tensor's memory cannot be reached. Found once per shape by packing a matrix of row numbers and one of
+    column numbers (exact in fp32 below 2^24) and reading their memory back (`packed_blocks`)."""
+    O, I = out_features, in_features
+    if not onednn_works() or not hasattr(torch.ops.mkldnn, "data_ptr") or max(O, I) >= 1 << 24:
+        return None
+    rows_OI = torch.arange(O, dtype=torch.float32)[:, None].expand(O, I).contiguous()
+    cols_OI = torch.arange(I, dtype=torch.float32)[None, :].expand(O, I).contiguous()
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in (rows_OI, cols_OI)]
+    if torch.ops.mkldnn._nbytes(packed[0]) != O * I * 4:
+        return None
+    for ob in (64, 32, 16, 8):
+        if O % ob == 0 and all(torch.equal(packed_blocks(p, O, I, ob), w.view(O // ob, ob, I).transpose(1, 2))
+                               for p, w in zip(packed, (rows_OI, cols_OI))):
+            return ob
+    return None
+
+
+def packed_blocks(packed: torch.Tensor, out_features: int, in_features: int, ob: int) -> torch.Tensor:
+    """The memory of a oneDNN-packed weight as a plain [O/ob][I][ob] tensor, readable and writable in place (the
+    layout `block_rows` found). It does not keep `packed` alive: the caller holds both together."""
+    import ctypes
+
+    n = out_features * in_features
+    assert torch.ops.mkldnn._nbytes(packed) == n * 4
+    buf = (ctypes.c_float * n).from_address(torch.ops.mkldnn.data_ptr(packed))
+    return torch.frombuffer(buf, dtype=torch.float32).view(out_features // ob, in_features, ob)
