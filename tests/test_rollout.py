@@ -176,3 +176,40 @@ def test_response_logprobs_from_hidden_equal_full_logits(tiny_model_dir):
     got = response_logprobs(model, h_BTH, b.response_BT)
     want = token_logprobs(response_logits(model, b), b.response_BT)
     assert got.shape == want.shape == (2, 4) and torch.allclose(got, want, atol=1e-5)
+
+
+def test_prefill_runs_the_last_layer_in_full_only_for_the_last_position(tiny_model_dir):
+    """`last_layer_keys_only`: the last layer's query projection sees one row per prompt, while the cache, the last
+    hidden state and the gradients are those of running every position through every layer."""
+    from opct.models import add_lora
+    from opct.rollout import _prefill, prefill
+
+    model, tok = load_model(str(tiny_model_dir))
+    model = add_lora(model, 4, 8.0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    ps = prompts(tok)
+    rows = []
+    q_last = model.get_base_model().model.layers[-1].self_attn.q_proj
+    hook = q_last.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[:-1].numel()))
+    params = [p for p in model.parameters() if p.requires_grad]
+    w_H = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    outs = {}
+    for name, fn in (("keys_only", prefill), ("full", _prefill)):
+        rows.clear()
+        pre = fn(model, ps, tok.pad_token_id, 8, None)
+        # (a weighted sum: the plain sum of squares of a normalised state has next to no gradient)
+        loss = (pre.last_hidden_BH @ w_H).sum() + sum(lay.keys.sum() + lay.values.square().sum()
+                                                      for lay in pre.cache.layers)
+        outs[name] = (pre, torch.autograd.grad(loss, params), list(rows))
+    hook.remove()
+    (pre, grads, q_rows), (ref, ref_grads, ref_rows) = outs["keys_only"], outs["full"]
+    assert q_rows == [1, len(ps)] and ref_rows[1] > len(ps)  # shared prefix (batch 1), then the suffixes
+    assert torch.allclose(pre.last_hidden_BH, ref.last_hidden_BH, atol=1e-5)
+    for a, b in zip(pre.cache.layers, ref.cache.layers):
+        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        assert (a - b).norm() <= 1e-5 * b.norm()
+    assert "forward" not in vars(model.get_base_model().model.layers[-1])  # the patch is undone
