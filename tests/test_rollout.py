@@ -11,6 +11,19 @@ def prompts(tok):
     return [render_prompt(tok, [{"role": "user", "content": q}]) for q in ("Hi", "What is the capital of France?")]
 
 
+def nonzero_lora_model(model_dir):
+    """The tiny model with a rank-4 LoRA adapter whose B is nonzero, so the adapter changes the outputs."""
+    from opct.models import add_lora
+
+    model, tok = load_model(str(model_dir))
+    model = add_lora(model, 4, 8.0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    return model, tok
+
+
 def test_batched_left_padded_scoring_equals_unbatched(tiny_model_dir):
     model, tok = load_model(str(tiny_model_dir))
     ps = prompts(tok)
@@ -100,16 +113,10 @@ def test_sampling_frequencies_match_the_softmax():
 
 
 def test_response_forward_on_prefill_cache_equals_full_forward_with_gradients(tiny_model_dir):
-    from opct.models import add_lora
     from opct.rollout import prefill
     from opct.scoring import response_logits_after_prefill
 
-    model, tok = load_model(str(tiny_model_dir))
-    model = add_lora(model, 4, 8.0)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.1)
+    model, tok = nonzero_lora_model(tiny_model_dir)
     ps = prompts(tok)
     rs = [[100, 200, 300, 2], [5, 2]]
     full = response_logits(model, build_batch(ps, rs, tok.pad_token_id))
@@ -181,15 +188,9 @@ def test_response_logprobs_from_hidden_equal_full_logits(tiny_model_dir):
 def test_prefill_runs_the_last_layer_in_full_only_for_the_last_position(tiny_model_dir):
     """`last_layer_keys_only`: the last layer's query projection sees one row per prompt, while the cache, the last
     hidden state and the gradients are those of running every position through every layer."""
-    from opct.models import add_lora
     from opct.rollout import _prefill, prefill
 
-    model, tok = load_model(str(tiny_model_dir))
-    model = add_lora(model, 4, 8.0)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.1)
+    model, tok = nonzero_lora_model(tiny_model_dir)
     ps = prompts(tok)
     rows = []
     q_last = model.get_base_model().model.layers[-1].self_attn.q_proj

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from opct import attention
+from opct import attention, fused
 
 SMOLLM2 = {
     "alias": "smollm2-135m-instruct",
@@ -116,7 +116,8 @@ def resolve(name: str) -> str:
 
 def load_model(name: str, trust_remote_code: bool = False):
     """Return (model, tokenizer), fp32, eval mode, attention through `attention.short_attention` where the model
-    takes a pluggable attention function. A PEFT adapter dir is merged into its base."""
+    takes a pluggable attention function, RMSNorm and SwiGLU through `fused`. A PEFT adapter dir is merged into
+    its base."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = resolve(name)
@@ -147,6 +148,7 @@ def load_model(name: str, trust_remote_code: bool = False):
         tok.pad_token = tok.eos_token
     if getattr(model, "_supports_attention_backend", False):
         attention.use(model)  # faster at short lengths on the CPU; the flash kernel beyond, and on other devices
+    fused.use(model)  # RMSNorm and SwiGLU keep fewer activations for the backward pass; same forward values
     model.eval()
     return model, tok
 
