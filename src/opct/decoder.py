@@ -9,15 +9,15 @@ all of SmolLM2's weights at batch 8 took 35 ms with oneDNN, 77 ms MKL-packed, 70
 machine gave MKL-packed ~1.8x F.linear. `OPCT_DECODE_MATMUL=onednn|mkl|dense` picks one.
 
 With LoRA, a decoder merges the adapters into the body's weights when it is built, so it always decodes with the
-current weights. Where oneDNN's packed layout is blocks of whole rows (`gemm.block_rows`: AVX-512 CPUs), it writes
-W + s B A block by block straight into packed buffers kept across rollouts (`_merge_packed`: 0.06 s a SmolLM2
-rollout, from the packed base copy the training forward keeps); elsewhere it merges densely and packs afresh
-(~0.17 s, freed after the rollout). The kept buffers cost their size for the whole run (SmolLM2: +0.25 GB peak RSS
-in `benchmarks/step.py`'s setting, 2.9 -> 3.15 GB, for -0.06 s a step) and are held only within `gemm.kept`'s
-memory budget, so a large model does not carry them through the backward pass; applying the adapters unmerged on
-the base weights measured slower. Weights that cannot change between rollouts (the LM head; the whole body when
-no adapter is active) keep their packed copy while it is small (`gemm.kept`). The Hugging Face model stays the
-reference for every log-prob that enters a loss, and tests pin this path's logits against it.
+current weights. Where oneDNN's packed layout is blocks of whole rows (`gemm.block_rows`; 64-row blocks on the
+AVX-512 CPU we measure on), it writes W + s B A block by block straight into packed buffers kept across rollouts
+(`_merge_packed`: 0.06 s a SmolLM2 rollout, from the packed base copy the training forward keeps); elsewhere it
+merges densely and packs afresh (~0.17 s, freed after the rollout). The kept buffers cost their size for the whole
+run (SmolLM2: +0.25 GB peak RSS in `benchmarks/step.py`'s setting, 2.9 -> 3.15 GB, for -0.06 s a step) and are held
+only within `gemm.kept`'s memory budget, so a large model does not carry them through the backward pass; applying
+the adapters unmerged on the base weights measured slower. Weights that cannot change between rollouts (the LM head;
+the whole body when no adapter is active) keep their packed copy while it is small (`gemm.kept`). The Hugging Face
+model stays the reference for every log-prob that enters a loss, and tests pin this path's logits against it.
 
 Anything outside the supported layout (other attention variants, q/k norms, sliding windows, adapted embeddings,
 DoRA and other LoRA variants) makes `LeanDecoder.build` return None, and the caller falls back to the Hugging Face
