@@ -31,6 +31,21 @@ def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32
     return path
 
 
+def lora_model(model_dir, std: float = 0.2, seed: int = 0):
+    """The model in model_dir (eval mode) with a rank-4 LoRA adapter whose B is drawn from N(0, std^2): a nonzero
+    adapter, so a missing or mis-scaled LoRA term shows."""
+    from opct.models import add_lora, load_model
+
+    model, tok = load_model(str(model_dir))
+    model = add_lora(model, 4, 8.0)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, std)
+    return model.eval(), tok
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from conftest import lora_model
 from opct.decoder import LeanDecoder, unsupported_reason
-from opct.models import add_lora, load_model
+from opct.models import load_model
 from opct.pairs import render_prompt
 from opct.rollout import SamplingSettings, decode, prefill
 
@@ -13,17 +14,6 @@ from opct.rollout import SamplingSettings, decode, prefill
 def prompts(tok):
     qs = ("Hi", "What is the capital of France?", "Name a colour.")
     return [render_prompt(tok, [{"role": "user", "content": q}]) for q in qs]
-
-
-def lora_model(tiny_model_dir, seed=0):
-    model, tok = load_model(str(tiny_model_dir))
-    model = add_lora(model, 4, 8.0)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.2)  # a nonzero adapter, so a missing or mis-scaled LoRA term shows
-    return model.eval(), tok
 
 
 def hf_and_lean_logits(model, tok, tokens_BT):
@@ -186,15 +176,9 @@ def test_lora_body_is_merged_in_place_into_kept_packed_weights(tmp_path):
 
     from conftest import make_tiny_model
 
-    path = make_tiny_model(tmp_path / "m128", hidden=128)
-    model, tok = load_model(str(path))
     if gemm.block_rows(256, 128, 3) is None:
         pytest.skip("oneDNN's packed layout here is not whole row blocks")
-    model = add_lora(model, 4, 8.0).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.2)
+    model, tok = lora_model(make_tiny_model(tmp_path / "m128", hidden=128))
     tokens = torch.tensor([[100, 200, 300], [5, 2, 9], [42, 43, 44]])
     d1 = LeanDecoder.build(model, 3)
     kept = d1.layers[0]["qkv"].packed

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from conftest import lora_model
 from opct.models import load_model
 from opct.pairs import render_prompt
 from opct.rollout import SamplingSettings, next_token, sample
@@ -9,19 +10,6 @@ from opct.scoring import build_batch, response_logits
 
 def prompts(tok):
     return [render_prompt(tok, [{"role": "user", "content": q}]) for q in ("Hi", "What is the capital of France?")]
-
-
-def nonzero_lora_model(model_dir):
-    """The tiny model with a rank-4 LoRA adapter whose B is nonzero, so the adapter changes the outputs."""
-    from opct.models import add_lora
-
-    model, tok = load_model(str(model_dir))
-    model = add_lora(model, 4, 8.0)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.1)
-    return model, tok
 
 
 def test_batched_left_padded_scoring_equals_unbatched(tiny_model_dir):
@@ -116,7 +104,7 @@ def test_response_forward_on_prefill_cache_equals_full_forward_with_gradients(ti
     from opct.rollout import prefill
     from opct.scoring import response_logits_after_prefill
 
-    model, tok = nonzero_lora_model(tiny_model_dir)
+    model, tok = lora_model(tiny_model_dir, std=0.1)
     ps = prompts(tok)
     rs = [[100, 200, 300, 2], [5, 2]]
     full = response_logits(model, build_batch(ps, rs, tok.pad_token_id))
@@ -190,7 +178,7 @@ def test_prefill_runs_the_last_layer_in_full_only_for_the_last_position(tiny_mod
     hidden state and the gradients are those of running every position through every layer."""
     from opct.rollout import _prefill, prefill
 
-    model, tok = nonzero_lora_model(tiny_model_dir)
+    model, tok = lora_model(tiny_model_dir, std=0.1)
     ps = prompts(tok)
     rows = []
     q_last = model.get_base_model().model.layers[-1].self_attn.q_proj

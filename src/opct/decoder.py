@@ -226,9 +226,8 @@ def _merge_packed(body, groups, batch: int, owner) -> list[dict] | None:
                     torch.mul(w_XIo, sc, out=out_XIo)
                 for a, b, s in blocks[1:]:
                     out_XIo.baddbmm_(a, b, alpha=s * sc)
-                del w_XIo, kept_w
                 start += n
-    bias = [_group_bias([_base(m) for m in mods], scales) for mods, scales in flat]
+    bias = [_group_bias(bs, scales) for bs, (_, scales) in zip(bases, flat)]
     wrapped = iter(_Packed.onednn(p, b, batch) for p, b in zip(merged.packed, bias))
     return [{name: next(wrapped) for name in g} for g in groups]
 
