@@ -26,7 +26,8 @@ def cmd_train(args) -> None:
     from opct.algo.opct import train
 
     out = train(cfg)
-    print(f"opct: done -> {out}/model (metrics: {out}/metrics.jsonl)")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
+        print(f"opct: done -> {out}/model (metrics: {out}/metrics.jsonl)")
 
 
 def cmd_sft(args) -> None:
@@ -35,7 +36,8 @@ def cmd_sft(args) -> None:
     from opct.algo.sft import train_sft
 
     out = train_sft(cfg)
-    print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
 
 
 def cmd_eval(args) -> None:
@@ -129,10 +131,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     from opct.data.pairs import PairsError
     from opct.models import ModelError
     from opct.train.checkpoint import CheckpointError
+    from opct.train.distributed import DistributedError
     from opct.train.loop import RunError
 
     return (config.ConfigError, PairsError, ModelError, RunError, McqError, BackendError, CheckpointError,
-            FileNotFoundError)
+            DistributedError, FileNotFoundError)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,9 @@ class RunConfig(ExecConfig):
     vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: GiB reserved for its KV cache")
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
                          "the update (logged as skipped)", choices=["stop", "skip"])
+    parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
+                        "weights sharded over processes (FSDP2); auto = ddp (one process: nothing)",
+                        choices=["auto", "ddp", "fsdp"])
 
 
 @dataclass

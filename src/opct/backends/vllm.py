@@ -34,8 +34,8 @@ class VLLMPolicy(Policy):
         return Rollout(prompts_N, responses, sampler_logp=logp,
                        stats={"decode_seconds": time.perf_counter() - t0, "sync_seconds": self.sync_seconds})
 
-    def score(self, prompts_N, rollout, *, grad, hidden=False):
-        return self.inner.score(prompts_N, rollout, grad=grad, hidden=hidden)
+    def score(self, prompts_N, rollout, *, grad, hidden=False, sync=True):
+        return self.inner.score(prompts_N, rollout, grad=grad, hidden=hidden, sync=sync)
 
     def teacher(self):
         return self.inner.teacher()
