@@ -50,7 +50,7 @@ def seed_everything(seed: int) -> None:
 RESUMABLE = {"steps", "resume", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite", "device",
              "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "short_attention", "lora_node",
              "low_memory_norms", "prefill_reuse", "teacher_prefix_cache", "keys_only_last_layer", "keep_freed_memory",
-             "huge_pages"}
+             "huge_pages", "vllm_gpu_memory", "vllm_kv_cache_gib"}
 
 
 def check_out_dir(cfg: RunConfig) -> Path:
@@ -214,7 +214,9 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
                                   lora_dropout=cfg.lora_dropout)
     if replicas.world > 1:
-        policy.replica, policy.replicas = distributed.wrap(model, replicas, device), replicas
+        trainer = getattr(policy, "inner", policy)  # under a vLLM sampler, the policy that scores
+        trainer.replica = distributed.wrap(model, replicas, device)
+        policy.replicas = trainer.replicas = replicas
     params = [p for p in model.parameters() if p.requires_grad]
     betas = tuple(float(x) for x in cfg.betas.split(","))
     # PyTorch's fused AdamW kernel where it has one (one kernel for all parameters, clipping included); FSDP2's
@@ -256,9 +258,9 @@ def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, backend: s
     if cfg.prompts_per_step % replicas.world:
         raise RunError(f"--prompts-per-step {cfg.prompts_per_step} does not divide evenly over {replicas.world} "
                        "processes; each process takes an equal share of the step's prompts")
-    if getattr(cfg, "sampler", "policy") != "policy":
-        raise RunError(f"--sampler {cfg.sampler} with several processes is not supported yet; "
-                       "use --sampler policy under torchrun")
+    if getattr(cfg, "sampler", "policy") != "policy" and replicas.mode == "fsdp":
+        raise RunError(f"--sampler {cfg.sampler} needs every rank to hold the full weights it syncs into vLLM; "
+                       "use --parallel ddp (one vLLM engine per rank)")
     if backend == "cpu" and cfg.backend == "cpu":
         raise RunError("--backend cpu runs in one process; use --backend hf (or auto) under torchrun")
     return "hf"
