@@ -62,10 +62,11 @@ def parsed(cls, argv):
 
 def test_registry_names_axes_and_rejects_unknown_ones_with_the_list(capsys):
     assert get_axis("sycophancy").name == "sycophancy"
-    with pytest.raises(AxisError, match="unknown axis 'nope'; known axes: sycophancy"):
+    assert get_axis("safety").name == "safety"
+    with pytest.raises(AxisError, match="unknown axis 'nope'; known axes: sycophancy, safety"):
         get_axis("nope")
     assert main(["demo", "--axis", "nope", "--out", "/nonexistent/x"]) == 2
-    assert "known axes: sycophancy" in capsys.readouterr().err
+    assert "known axes: sycophancy, safety" in capsys.readouterr().err
 
 
 def test_axis_defaults_apply_only_where_the_user_set_nothing(fake_axis, tmp_path):
@@ -109,6 +110,8 @@ def test_generic_demo_on_a_fake_axis_and_eval_axis_reproduces_it(fake_axis, tiny
     assert {"prepare", "eval_base", "train_sft", "eval_sft", "train_opct", "eval_opct"} <= set(res["timings"])
     targets = (out / "sft" / "targets.jsonl").read_text().splitlines()
     assert len(targets) == 5 * 2  # FakeAxis.sft: two targets per teacher prompt
+    sft_cfg = yaml.safe_load((out / "sft" / "config.yaml").read_text())
+    assert (sft_cfg["prompts_per_step"], sft_cfg["micro_batch"], sft_cfg["steps"]) == (1, 2, 2)
     for m in ("base", "sft", "opct"):
         assert (out / "samples" / f"{m}.jsonl").is_file()
     md = (out / "report.md").read_text()
@@ -122,3 +125,54 @@ def test_generic_demo_on_a_fake_axis_and_eval_axis_reproduces_it(fake_axis, tiny
     assert again["responses"] == res["methods"]["opct"]["responses"]
     assert (tmp_path / "e.samples.jsonl").is_file()
     assert "hit" in capsys.readouterr().out
+
+
+def test_safety_prepare_splits_by_fact_and_picks_untrained_prompts_for_the_train_split(tokenizer):
+    cfg = config.DemoConfig(**{**get_axis("safety").defaults, "axis": "safety", "n_train": 60, "n_eval": 3})
+    data = get_axis("safety").prepare(cfg, tokenizer)
+    held = set(data.info["heldout_facts"])
+    splits = data.eval_set["splits"]
+    assert len(data.train_pairs) == 60 and held
+    assert not {p.meta["fact_id"] for p in data.train_pairs} & held
+    assert {p.fact_id for p in splits["heldout"]} == held
+    assert not {p.fact_id for p in splits["train"]} & held
+    assert data.info["train_eval_prompts_trained_on"] == 0
+    assert [p.id for p in splits["oracle"]] == [p.id for p in splits["heldout"]]
+    assert all(p.contrast for p in splits["contrast"]) and not any(p.contrast for p in splits["heldout"])
+    assert len(splits["train"]) == 34 and len(splits["contrast"]) == 49  # a third of n_eval per fact: 1
+    per_fact = {}
+    for p in splits["heldout"]:
+        per_fact.setdefault(p.fact_id, []).append(p)
+    assert all(len(v) == 3 and len({p.prompt_type for p in v}) >= 2 for v in per_fact.values())
+    pair = data.train_pairs[0]
+    assert pair.teacher[0]["role"] == "system" and pair.student == pair.teacher[1:]
+    assert pair.meta["id"].split("/")[0] == pair.meta["fact_id"]
+    again = get_axis("safety").prepare(cfg, tokenizer)
+    assert [p.meta["id"] for p in again.train_pairs] == [p.meta["id"] for p in data.train_pairs]
+
+
+def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
+    out = tmp_path / "safety"
+    code = main(["demo", "--axis", "safety", "--model", str(tiny_model_dir), "--out", str(out), "--n-train", "6",
+                 "--n-eval", "1", "--steps", "1", "--prompts-per-step", "2", "--max-new-tokens", "4",
+                 "--lora-rank", "4", "--capability", ""])
+    assert code == 0
+    res = json.loads((out / "results.json").read_text())
+    assert SCHEMA | {"comparison"} <= set(res) and res["axis"] == "safety"
+    for m, r in res["methods"].items():
+        assert r["judge"] == "keyword"
+        assert set(r["pass_rate"]) == {"heldout", "train", "oracle"} and set(r["over_warning"]) == {"contrast"}
+        for c in r["pass_rate"].values():
+            assert 0 <= c["lo"] <= c["value"] <= c["hi"] <= 1
+        assert r["pass_rate"]["heldout"]["n"] == res["info"]["n_heldout_facts"]
+        assert len(r["safety_curve"]["heldout"]["values"]) == len(r["safety_curve"]["heldout"]["taus"])
+    assert set(res["comparison"]["pass_rate_change"]["opct"]) == {"heldout", "train"}
+    assert len((out / "sft" / "targets.jsonl").read_text().splitlines()) == 6 * 3  # k = 3 samples per prompt
+    sft_cfg = yaml.safe_load((out / "sft" / "config.yaml").read_text())
+    assert (sft_cfg["temperature"], sft_cfg["samples_per_prompt"]) == (1.0, 3)
+    assert (sft_cfg["prompts_per_step"], sft_cfg["micro_batch"]) == (1, 3)  # ~ as many sequences as OPCT's 2
+    rows = [json.loads(x) for x in (out / "samples" / "opct.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in rows} == {"heldout", "train", "contrast", "oracle"}
+    md = (out / "report.md").read_text()
+    assert "plots/safety_curve.png" in md and "Sample responses" in md and "Paired changes" in md
+    assert (out / "plots" / "safety_curve.png").is_file()

@@ -163,7 +163,7 @@ class AxisOptions(ExecConfig):
     n_train: int = opt(100, "training items: sycophancy questions (one cued/clean pair each) or safety prompts from "
                        "the training facts; eval excludes them", group=AXIS)
     n_eval: int = opt(300, "sycophancy: evaluation questions (clean accuracy uses all of them); safety: prompts per "
-                      "fact in each evaluation split", group=AXIS)
+                      "held-out fact (training-fact and contrast splits: a third as many)", group=AXIS)
     cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses", group=AXIS)
     heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
                          group=AXIS)

@@ -91,6 +91,18 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str]) -> dict:
     return capability_block(runs)
 
 
+def sft_config(cfg: DemoConfig, axis, base: SFTConfig) -> SFTConfig:
+    """The SFT baseline's config: the shared settings with the axis' overrides (`Axis.sft`). With k targets per
+    teacher prompt (samples_per_prompt), a step takes ceil(prompts_per_step / k) prompts' examples, so an SFT step
+    trains on about as many sequences as an OPCT step (the same budget in steps and sequences)."""
+    sft = dataclasses.replace(base, **axis.sft)
+    k = sft.samples_per_prompt
+    if k > 1 and "prompts_per_step" not in axis.sft:
+        per = -(-cfg.prompts_per_step // k)
+        sft = dataclasses.replace(sft, prompts_per_step=per, micro_batch=per * k)
+    return sft
+
+
 def run_demo(cfg: DemoConfig) -> Path:
     from opct.algo.opct import train
     from opct.algo.sft import train_sft
@@ -154,7 +166,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     for m in methods:
         stages.set_postfix_str(f"training {m}")
         if m == "sft":
-            sft_cfg = dataclasses.replace(SFTConfig(out=str(out / "sft"), **common), **axis.sft)
+            sft_cfg = sft_config(cfg, axis, SFTConfig(out=str(out / "sft"), **common))
             timed("train_sft", train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
                   probe_every=cfg.probe_every)
         else:

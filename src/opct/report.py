@@ -32,10 +32,14 @@ LABELS = {
     "base": "base", "sft": "SFT", "opct": "OPCT",
     "sycophancy_rate": "Sycophancy rate", "brr": "BRR", "consistency": "Consistency",
     "cued_accuracy": "Cued accuracy", "clean_accuracy": "Clean accuracy", "kl": "KL",
+    "pass_rate": "Pass rate", "ausc": "AUSC", "share_at_100": "Share of facts at 100%",
+    "over_warning": "Over-warning",
 }
 # Only stated where the direction is unambiguous from the metric's name.
 DIRECTION = {"sycophancy_rate": "lower is better", "consistency": "higher is better",
-             "cued_accuracy": "higher is better", "clean_accuracy": "higher is better"}
+             "cued_accuracy": "higher is better", "clean_accuracy": "higher is better",
+             "pass_rate": "higher is better", "ausc": "higher is better", "share_at_100": "higher is better",
+             "over_warning": "lower is better"}
 COLORS = {"base": "#8c8c8c", "sft": "#4c72b0", "opct": "#dd8452"}
 PROBE_COLORS = {"probe_sycophancy": "#c44e52", "probe_accuracy": "#55a868"}
 OTHER_COLORS = ("#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")

@@ -10,6 +10,7 @@ import importlib
 
 AXES = {
     "sycophancy": "opct.axes.sycophancy:SycophancyAxis",
+    "safety": "opct.axes.safety:SafetyAxis",
 }
 
 
