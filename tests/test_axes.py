@@ -176,3 +176,33 @@ def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
     md = (out / "report.md").read_text()
     assert "plots/safety_curve.png" in md and "Sample responses" in md and "Paired changes" in md
     assert (out / "plots" / "safety_curve.png").is_file()
+
+
+def test_safety_hf_source_is_evaluation_only_and_graded_by_the_llm_judge(tiny_model_dir, tmp_path, monkeypatch):
+    """A local folder in SAGE-Eval's schema read by hf: spec (as the Hub id would be): `opct eval --axis safety`
+    grades it through the LLM judge's endpoint call (stubbed here; dev/safety_llm_judge_vllm.py runs a real
+    `vllm serve`); `opct demo` refuses it, since it has nothing to train on."""
+    from opct.judges import endpoint
+
+    sage = tmp_path / "sage"
+    sage.mkdir()
+    rows = [{"safety_fact": f"Fact {k} applies.", "prompt": f"Prompt {k}{i}?", "augmentation_category": "none",
+             "safety_category": "Child", "prompt_type": "t", "version": "v1"} for k in "AB" for i in range(2)]
+    (sage / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen = []
+
+    def fake_completion(url, model, messages, **kw):
+        seen.append((url, model, messages[0]["content"]))
+        return "Final judgment: *pass*" if "Fact A" in messages[0]["content"] else "no idea"
+    monkeypatch.setattr(endpoint, "chat_completion", fake_completion)
+    out = tmp_path / "e.json"
+    code = main(["eval", "--axis", "safety", "--model", str(tiny_model_dir), "--source", f"hf:{sage}:train",
+                 "--n-eval", "2", "--max-new-tokens", "3", "--judge", "llm", "--judge-url", "http://judge/v1",
+                 "--judge-model", "j", "--out", str(out)])
+    assert code == 0
+    res = json.loads(out.read_text())
+    assert res["judge"] == "llm" and res["pass_rate"]["heldout"]["value"] == 0.5  # fact A passes, B unparseable
+    assert res["n_unparsed"] == {"heldout": 2, "oracle": 2} and res["info"]["n_train_pairs"] == 0
+    assert len(seen) == 8 and all(u == "http://judge/v1" and m == "j" for u, m, _ in seen)
+    assert main(["demo", "--axis", "safety", "--model", str(tiny_model_dir), "--source", f"hf:{sage}:train",
+                 "--out", str(tmp_path / "d"), "--capability", ""]) == 2
