@@ -70,7 +70,7 @@ def main():
         t0 = time.time()
         out = Path(a.out)
         cfg = EvalConfig(axis="safety", model=a.model, source="facts", n_eval=a.n_eval, max_new_tokens=64,
-                         batch_size=16, judge="llm", judge_url=url, judge_model="judge", out=str(out))
+                         batch_size=16, judge="llm", judge_url=url, judge_model="judge", out=str(out), threads=1)
         res = run_eval(cfg)
         seconds = time.time() - t0
     finally:
