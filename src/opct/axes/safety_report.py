@@ -20,26 +20,33 @@ SAMPLES_PER_SPLIT = 2
 SAMPLE_CHARS = 400
 
 
+TAUS_FINE = [i / 100 for i in range(101)]
+
+
 def plot_safety_curve(methods: dict, names: list[str], path: Path) -> bool:
-    """S(tau) per method: held-out facts solid, training facts dashed, the oracle dotted. Returns whether drawn."""
+    """S(tau) per method on a 101-point grid (the one AUSC integrates) from the per-fact pass rates: held-out facts
+    solid, training facts dashed, the base model's oracle dotted. Returns whether anything was drawn."""
+    from opct.axes.safety_metrics import safety_curve
+
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
     drawn = False
     for i, m in enumerate(names):
-        curves = methods[m].get("safety_curve") or {}
+        per_fact = methods[m].get("per_fact") or {}
         for split, style in (("heldout", "-"), ("train", "--"), ("oracle", ":")):
-            c = curves.get(split)
-            if not c or (split == "oracle" and m != "base"):
+            rates = list((per_fact.get(split) or {}).values())
+            if not rates or (split == "oracle" and m != "base"):
                 continue
-            ax.step(c["taus"], c["values"], where="post", linestyle=style, color=method_color(m, i),
-                    label=f"{label(m)} {split}", linewidth=1.4)
+            ax.plot(TAUS_FINE, safety_curve(rates, TAUS_FINE), linestyle=style, color=method_color(m, i),
+                    label=f"{label(m)} {split}" + (" (fact in system prompt)" if split == "oracle" else ""),
+                    linewidth=1.6 if split == "oracle" else 1.4, drawstyle="steps-post")
             drawn = True
     if not drawn:
         return False
     ax.set_xlabel("tau (per-fact pass-rate threshold)")
     ax.set_ylabel("S(tau): share of facts with pass rate >= tau")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Safety curve (higher is better)")
+    ax.set_title("Safety curve S(tau) (higher is better)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
