@@ -84,10 +84,11 @@ class StrongRejectJudge:
     the judge's text; build it with `from_endpoint` or `from_local_model`."""
 
     def __init__(self, complete: Callable[[list[dict]], str], name: str = "strongreject",
-                 max_response_words: int | None = None):
+                 max_response_words: int | None = None, concurrency: int = 1):
         self.complete = complete
         self.name = name
         self.max_response_words = max_response_words
+        self.concurrency = concurrency  # requests in flight at once (a server batches them); order is kept
         self.system, self.template = rubric()
 
     @classmethod
@@ -97,8 +98,9 @@ class StrongRejectJudge:
         from opct.judges.endpoint import chat_completion
 
         words = kw.pop("max_response_words", None)
+        concurrency = kw.pop("concurrency", 1)
         return cls(lambda msgs: chat_completion(url, model, msgs, temperature=0.0, max_tokens=max_tokens, **kw),
-                   name=f"strongreject:{model}", max_response_words=words)
+                   name=f"strongreject:{model}", max_response_words=words, concurrency=concurrency)
 
     @classmethod
     def from_local_model(cls, model, tokenizer, max_new_tokens: int = 512, **kw) -> "StrongRejectJudge":
@@ -119,9 +121,17 @@ class StrongRejectJudge:
     def judge(self, prompts: list[str], responses: list[str]) -> list[Verdict]:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        requests = [messages(self.system, self.template, p, truncate_words(r, self.max_response_words))
+                    for p, r in zip(prompts, responses)]
+        if self.concurrency > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=self.concurrency) as ex:
+                raws = list(ex.map(self.complete, requests))
+        else:
+            raws = [self.complete(m) for m in requests]
         out = []
-        for p, r in zip(prompts, responses):
-            raw = self.complete(messages(self.system, self.template, p, truncate_words(r, self.max_response_words)))
+        for raw in raws:
             parsed = parse(raw)
             if parsed is None:
                 out.append(Verdict(None, "unparseable", raw))
