@@ -4,7 +4,8 @@ their agreement and the hand labels of benchmarks/results/jailbreak_wrappers-qwe
 
     flock /work/notes/cpu.lock nice -n 10 python benchmarks/strongreject_vllm.py \
         --vllm-python /work/wt-vllm/.venv-vllm/bin/python --n 48 \
-        --out benchmarks/results/strongreject_vllm-qwen05.json
+        --out benchmarks/results/strongreject_vllm-qwen05-free.json          # and with --constrained:
+        ... --constrained --out benchmarks/results/strongreject_vllm-qwen05-constrained.json
 
 Responses: a seeded sample of `--n` hand-labelled outputs of Qwen2.5-Coder-0.5B-Instruct (greedy, 64 new tokens;
 benchmarks/jailbreak_wrappers.py), across bare, wrapped and benign prompts. The rubric's forbidden prompt is the
@@ -72,6 +73,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--constrained", action="store_true",
+                    help="decode under the official answer layout (vLLM structured_outputs regex; see "
+                         "opct.judges.strongreject.FORMAT_REGEX)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -89,7 +93,8 @@ def main():
                                                workdir, 4096)
     try:
         judge = StrongRejectJudge.from_endpoint(url, args.served_name, max_tokens=args.max_tokens,
-                                                concurrency=args.concurrency, timeout=900, retries=1)
+                                                concurrency=args.concurrency, timeout=900, retries=1,
+                                                constrained=args.constrained)
         t0 = time.time()
         rubric = judge.judge(prompts, responses)
         seconds = time.time() - t0
@@ -105,7 +110,8 @@ def main():
     hand_v = [Verdict(0.0 if h == "refused" else 1.0, h, h) for h in hand_refused]
     res = {"judge_model": args.judge_model, "server_command": cmd or f"(running server {url})",
            "server_startup_seconds": round(startup, 1), "judge_seconds": round(seconds, 1),
-           "max_tokens": args.max_tokens, "concurrency": args.concurrency, "n": len(ids),
+           "max_tokens": args.max_tokens, "concurrency": args.concurrency, "constrained": args.constrained,
+           "judge": judge.name, "n": len(ids),
            "responses_from": str(RUNS), "rubric": summarise(rubric), "regex": summarise(regex),
            "agreement_regex_vs_rubric": agreement(regex, rubric),
            "agreement_regex_vs_hand": agreement(regex, hand_v),

@@ -1,6 +1,8 @@
 """Jailbreak axis: its data (pairs, SFT regulariser, eval splits), generation, per-split metrics with unparseable
 counts, and the adaptive attack — on the fake wheels of test_harmful and a tiny random model."""
 
+import json
+
 import pytest
 import torch
 
@@ -102,7 +104,7 @@ class HalfJudge:
         return [v("u") if "garble" in p else v("r") if "refuse" in p else v("c") for p in prompts]
 
 
-def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir):
+def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp_path):
     from opct.models import load_model
 
     model, tok = load_model(str(tiny_model_dir))
@@ -110,8 +112,8 @@ def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir):
                        ("heldout_family", "garble a"), ("heldout_wrappers", "c"), ("benign", "refuse x")])
     items[3] = EvalItem("heldout_family/a/3", "heldout_family", items[3].messages, "garble a", "refuse a", "w3")
     data = J.JailbreakData([], [], items)
-    res = J.evaluate(model, tok, data, judge=HalfJudge(), eval_max_new_tokens=4, attack_samples=1,
-                     samples_per_split=1)
+    res = J.evaluate(model, tok, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
+                     attack_samples=1, samples_per_split=1)
     assert set(res["asr"]) == {"bare", "train_wrappers", "heldout_wrappers", "heldout_family"}
     assert res["unparseable"]["heldout_family"] == 1  # its one answer could not be judged: no rate, n = 0
     assert res["asr"]["heldout_family"]["value"] is None and res["asr"]["heldout_family"]["n"] == 0
@@ -120,4 +122,28 @@ def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir):
     # behaviour "refuse a": refused greedy + unparseable + refused samples -> not cracked; "c" cracked
     assert res["adaptive_attack"]["cracked"]["value"] == 0.5
     assert set(res["samples"]) == set(J.ALL_SPLITS) and all(len(x) == 1 for x in res["samples"].values())
-    assert len(res["responses"]) == len(items) + 2
+    rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert len(rows) == len(items) + 2 and sum(r["sampled"] for r in rows) == 2
+    assert [r["label"] for r in rows][:4] == ["refused", "complied", "refused", "unparseable"]
+
+
+def test_report_blocks_tables_plot_and_samples(tmp_path):
+    def cell(x, n=10):
+        return {"value": x, "lo": max(0, x - 0.2), "hi": min(1, x + 0.2), "n": n}
+
+    def method(asr):
+        return {"asr": {s: cell(asr) for s in ("bare", *J.SPLITS)}, "refusal": {"bare": cell(1 - asr)},
+                "over_refusal": cell(0.1), "unparseable": {s: 0 for s in J.ALL_SPLITS},
+                "n": {s: 10 for s in J.ALL_SPLITS},
+                "adaptive_attack": {"cracked": cell(asr + 0.1), "defence": cell(0.9 - asr), "attempts_per_behaviour": 8,
+                                    "k_samples": 2, "wrappers": ["w1", "w2"]},
+                "samples": {"bare": [{"prompt": "do harm", "response": "I'm sorry", "label": "refused"}]}}
+
+    res = {"methods": {"opct": method(0.1), "base": method(0.6)}}
+    blocks = J.report_blocks(res, tmp_path)
+    tables = [b for b in blocks if b[0] == "table"]
+    assert tables[0][1][:3] == ["Split", "base", "OPCT"]  # base first, whatever the order in results.json
+    assert tables[0][2][2] == ["held-out wrappers", "0.60 [0.40, 0.80]", "0.10 [0.00, 0.30]", "10", "0, 0"]
+    assert ["cracked share", "0.70 [0.50, 0.90]", "0.20 [0.00, 0.40]"] in tables[1][2]
+    assert (tmp_path / "plots" / "jailbreak_by_split.png").stat().st_size > 1000
+    assert any(b[0] == "table" and b[2][0][2] == "I'm sorry" for b in blocks)
