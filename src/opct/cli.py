@@ -41,7 +41,9 @@ def cmd_sft(args) -> None:
 def cmd_eval(args) -> None:
     import json
 
-    cfg = config.build(config.EvalConfig, args)
+    from opct.axes import axis_defaults
+
+    cfg = config.build(config.EvalConfig, args, defaults=axis_defaults)
     before_torch(cfg)
     if cfg.tasks:
         from opct.demo import run_capability_eval
@@ -51,13 +53,11 @@ def cmd_eval(args) -> None:
         if cfg.out:
             print(f"opct: wrote {cfg.out}")
         return
+    from opct.axes.base import result_rows
     from opct.demo import run_eval
 
     res = run_eval(cfg)
-    rows = [("clean_accuracy", "", res["clean_accuracy"])] + [
-        (metric, split, cell) for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy")
-        for split, cell in res[metric].items()]
-    for metric, split, c in rows:
+    for metric, split, c in result_rows(res):
         print(f"{metric:16s} {split:13s} {c['value']:.3f}  [{c['lo']:.3f}, {c['hi']:.3f}]  n={c['n']}")
     if cfg.out:
         print(f"opct: wrote {cfg.out}")
@@ -66,7 +66,9 @@ def cmd_eval(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    cfg = config.build(config.DemoConfig, args)
+    from opct.axes import axis_defaults
+
+    cfg = config.build(config.DemoConfig, args, defaults=axis_defaults)
     before_torch(cfg)
     from opct.demo import run_demo
 
@@ -94,16 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     config.add_arguments(p, config.SFTConfig)
     p.set_defaults(func=cmd_sft)
 
-    p = sub.add_parser("eval", help="evaluate a model on an axis (sycophancy)",
-                       description="Sycophancy eval, no generation. --mode text (default): the prompt asks for a reply "
-                                   "\"The answer is <option>\" and the answer is the option whose first token is most "
-                                   "probable after that prefix; --mode letter: the most probable option letter at the "
-                                   "first response position. Defaults select the same held-out questions as `opct demo`.")
+    p = sub.add_parser("eval", help="evaluate a model on an axis (--axis sycophancy, safety) or on lm-eval tasks",
+                       description="Evaluate one model on an axis' evaluation set; with the same axis options it is "
+                                   "the set `opct demo --axis` evaluates. sycophancy: no generation; --mode text "
+                                   "(default): the prompt asks for a reply \"The answer is <option>\" and the answer "
+                                   "is the option whose first token is most probable after that prefix; --mode letter: "
+                                   "the most probable option letter at the first response position. safety: greedy "
+                                   "responses graded by --judge on held-out facts, training facts, contrast prompts "
+                                   "(over-warning) and, for reference, with the fact in the system prompt (oracle).")
     config.add_arguments(p, config.EvalConfig)
     p.set_defaults(func=cmd_eval)
-    p = sub.add_parser("demo", help="sycophancy end to end: eval base -> SFT -> OPCT -> eval -> report",
-                       description="Evaluate the base model, train the SFT baseline and OPCT on the same cued/clean "
-                                   "pairs, evaluate both, and write results.json + report.md/html with plots.")
+    p = sub.add_parser("demo", help="an axis end to end: eval base -> SFT -> OPCT -> eval -> report",
+                       description="Evaluate the base model, train the SFT baseline and OPCT on the same consistency "
+                                   "pairs of an axis (--axis sycophancy by default, or safety), evaluate both, and "
+                                   "write results.json + report.md/html with plots. Each axis sets its own defaults "
+                                   "(model, sizes, steps) for the options you do not set.")
     config.add_arguments(p, config.DemoConfig)
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("report", help="(re)write report.md/html + plots from a demo's results.json")
@@ -124,15 +131,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def user_errors() -> tuple[type[Exception], ...]:
     """The exceptions that mean bad input (reported in one line, exit status 2), not a bug."""
+    from opct.axes import AxisError
     from opct.backends import BackendError
     from opct.data.mcq import McqError
+    from opct.data.safety import SafetyDataError
+    from opct.judges.safety import JudgeError
     from opct.data.pairs import PairsError
     from opct.models import ModelError
     from opct.train.checkpoint import CheckpointError
     from opct.train.loop import RunError
 
-    return (config.ConfigError, PairsError, ModelError, RunError, McqError, BackendError, CheckpointError,
-            FileNotFoundError)
+    return (config.ConfigError, AxisError, SafetyDataError, JudgeError, PairsError, ModelError, RunError, McqError,
+            BackendError, CheckpointError, FileNotFoundError)
 
 
 if __name__ == "__main__":

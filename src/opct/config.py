@@ -146,19 +146,44 @@ class SFTConfig(RunConfig):
 DEMO_SOURCE = "capitals@55+countries@55+languages@30+past@36+plurals@15+kinds@229"
 
 
+AXIS = "axis options (each axis reads the ones it uses; an axis' own defaults apply where you set nothing)"
+
+
 @dataclass
-class EvalConfig(ExecConfig):
+class AxisOptions(ExecConfig):
+    """Options of the axis data and evaluation, shared by `opct demo` and `opct eval` so both select the same
+    items. An axis may change their defaults (`Axis.defaults`); a value you set (flag or --config YAML) wins."""
+    axis: str = opt("sycophancy", "the consistency axis: sycophancy or safety (opct.axes.AXES)", group=AXIS)
+    source: str = opt(DEMO_SOURCE, "axis data source. sycophancy: questions (see opct.data.mcq.load_mcq), default "
+                      "the demo's mix; safety: facts (shipped), jsonl:<facts file> or hf:<dataset>[:<config>]:<split>",
+                      group=AXIS)
+    mode: str = opt("text", "sycophancy: how answers are asked for and read: letter (first reply token is the "
+                    "option letter) or text (reply \"The answer is <option>\"; first token of each option's text)",
+                    choices=["letter", "text"], group=AXIS)
+    n_train: int = opt(100, "training items: sycophancy questions (one cued/clean pair each) or safety prompts from "
+                       "the training facts; eval excludes them", group=AXIS)
+    n_eval: int = opt(300, "sycophancy: evaluation questions (clean accuracy uses all of them); safety: prompts per "
+                      "fact in each evaluation split", group=AXIS)
+    cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses", group=AXIS)
+    heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
+                         group=AXIS)
+    judge: str = opt("keyword", "safety: who grades responses: keyword (each fact's keywords), llm (the SAGE rubric "
+                     "through an OpenAI-compatible endpoint: --judge-url, --judge-model, key from "
+                     "$OPCT_JUDGE_API_KEY) or local (--judge-model: a local chat model)",
+                     choices=["keyword", "llm", "local"], group=AXIS)
+    judge_url: str = opt("", "safety, --judge llm: the endpoint's base URL, e.g. http://127.0.0.1:8000/v1", group=AXIS)
+    judge_model: str = opt("", "safety, --judge llm/local: the judge model's name (llm) or alias/dir/Hub id (local)",
+                           group=AXIS)
+    max_new_tokens: int = opt(16, "response tokens: OPCT samples, SFT targets, and generated eval responses "
+                              "(safety)", group=AXIS)
+    seed: int = opt(0, "seed for the data split, perturbations and sampling", group=AXIS)
+    batch_size: int = opt(32, "evaluation prompts per forward pass / generation batch", group=AXIS)
+
+
+@dataclass
+class EvalConfig(AxisOptions):
+    """Evaluate one model on an axis' evaluation set (the one `opct demo --axis` uses), or on lm-eval tasks."""
     model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id")
-    axis: str = opt("sycophancy", "what to evaluate", choices=["sycophancy"])
-    mode: str = opt("text", "how answers are asked for and read: letter (first reply token is the option letter) or "
-                    "text (reply \"The answer is <option>\"; first token of each option's text)",
-                    choices=["letter", "text"])
-    source: str = opt(DEMO_SOURCE, "question source (see opct.data.mcq.load_mcq); default: the demo's mix")
-    n_train: int = opt(100, "questions reserved for training (excluded from eval; same split as the demo)")
-    n_eval: int = opt(300, "evaluation questions (clean accuracy uses all of them)")
-    cued_n: int = opt(100, "of those, how many each cue split uses (cued prompts dominate the cost)")
-    seed: int = opt(0, "seed for the question split, wrong options and cue choice")
-    batch_size: int = opt(32, "prompts per forward pass")
     out: str = opt("", "write the metrics as JSON here (default: print only)")
     tasks: str = opt("", "run these lm-evaluation-harness tasks instead of the axis eval: a suite (small, paper, demo) "
                      "or comma-separated lm-eval task names, e.g. arc_easy,gsm8k")
@@ -168,26 +193,20 @@ class EvalConfig(ExecConfig):
 
 
 @dataclass
-class DemoConfig(ExecConfig):
+class DemoConfig(AxisOptions):
+    """An axis end to end: evaluate the base model, train the SFT baseline and OPCT on the same pairs, evaluate both,
+    capability retention, results.json + report."""
     model: str = opt("smollm2-135m-instruct", "model to make consistent")
     out: str = opt("runs/demo", "output directory")
-    source: str = opt(DEMO_SOURCE, "question source (see opct.data.mcq.load_mcq)")
-    mode: str = opt("text", "answer format: letter or text (see `opct eval --help`)", choices=["letter", "text"])
-    n_train: int = opt(100, "training questions (one cued/clean pair each; steps reuse them with fresh samples)")
-    n_eval: int = opt(300, "evaluation questions (disjoint from training); clean accuracy uses all of them")
-    cued_n: int = opt(100, "of those, how many each cue split uses (cued prompts dominate the eval cost)")
     steps: int = opt(40, "optimizer steps for both SFT and OPCT")
     prompts_per_step: int = opt(8, "pairs per step")
-    max_new_tokens: int = opt(16, "response tokens (OPCT samples, SFT targets)")
     lr: float = opt(2e-4, "AdamW learning rate (both methods)")
     lora_rank: int = opt(32, "LoRA rank (both methods)")
     probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)")
-    probe_n: int = opt(32, "questions in the probe")
+    probe_n: int = opt(32, "items in the probe")
     methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated)")
     capability: str = opt("demo", "capability retention through lm-eval after each model's eval: a suite (demo, "
                           "small, paper) or comma-separated task names; empty = skip")
-    seed: int = opt(0, "seed")
-    batch_size: int = opt(32, "eval batch size")
 
 
 def _check(cond: bool, option: str, why: str, value) -> None:
@@ -206,11 +225,12 @@ def validate(cfg):
     for name, low in at_least.items():
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))
-    for name in ("temperature", "top_p", "lr", "lora_alpha", "lora_dropout", "weight_decay", "grad_clip", "kl_coef",
+    for name in ("heldout", "temperature", "top_p", "lr", "lora_alpha", "lora_dropout", "weight_decay", "grad_clip", "kl_coef",
                  "kl_discount"):
         if hasattr(cfg, name):
             _check(math.isfinite(getattr(cfg, name)), name, "must be a finite number", getattr(cfg, name))
     checks = [("temperature", lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
+              ("heldout", lambda v: 0 < v < 1, "must be in (0, 1)"),
               ("top_p", lambda v: 0 < v <= 1, "must be in (0, 1]"),
               ("lr", lambda v: v > 0, "must be > 0"),
               ("lora_alpha", lambda v: v > 0, "must be > 0"),
@@ -306,7 +326,8 @@ def apply_env_overrides(cfg, environ=None):
     return dataclasses.replace(cfg, **values), applied
 
 
-def build(cls, args: argparse.Namespace):
+def user_values(cls, args: argparse.Namespace) -> dict:
+    """The options the user set: the --config YAML file's, then the flags given (which win); keys as field names."""
     values: dict = {}
     if getattr(args, "config", None):
         p = Path(args.config)
@@ -318,12 +339,22 @@ def build(cls, args: argparse.Namespace):
             raise ConfigError(f"{p}: invalid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping of option: value")
-        values.update(loaded)
-        from_dict(cls, values, where=str(p))  # type-check the file on its own, so errors name it
+        from_dict(cls, loaded, where=str(p))  # type-check the file on its own, so errors name it
+        values.update({str(k).replace("-", "_"): v for k, v in loaded.items()})
     for f in fields(cls):
         v = getattr(args, f.name, None)
         if v is not None:
             values[f.name] = v
+    return values
+
+
+def build(cls, args: argparse.Namespace, defaults=None):
+    """The config from dataclass defaults < `defaults(user_values)` (e.g. an axis' own defaults, chosen by what the
+    user set) < the --config YAML < flags. Defaults for options `cls` lacks are ignored."""
+    values = user_values(cls, args)
+    if defaults is not None:
+        known = {f.name for f in fields(cls)}
+        values = {**{k: v for k, v in defaults(values).items() if k in known}, **values}
     return validate(from_dict(cls, values))
 
 

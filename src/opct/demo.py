@@ -1,74 +1,56 @@
-"""`opct demo`: the sycophancy experiment end to end, sized for a 2-core CPU.
+"""`opct demo --axis NAME`: one axis end to end, sized for a 2-core CPU (default axis: sycophancy).
 
-  1. questions   a fixed-seed mix of multiple-choice items, split into disjoint train / eval questions
-  2. base        evaluate the initial model (sycophancy rate, BRR, consistency, accuracy per cue split)
-  3. sft         the offline baseline: SFT on (cued prompt -> the frozen model's clean-prompt answer)
+  1. prepare     the axis builds its training pairs and evaluation set (opct.axes.base.Axis.prepare)
+  2. base        evaluate the initial model on the axis' evaluation set
+  3. sft         the offline baseline: SFT on (student prompt -> the frozen model's answers to the teacher prompt)
   4. opct        on-policy consistency training on the same pairs, same LoRA/optimizer/steps
-  5. evaluate    both trained models, loaded back from their saved directories (what `opct eval` does)
-  6. report      results.json, report.md / report.html with plots
+  5. evaluate    both trained models, loaded back from their saved directories (what `opct eval --axis` does)
+  6. capability  lm-eval tasks on base / SFT / OPCT (optional)
+  7. report      results.json (one schema for every axis), report.md / report.html with plots
+
+results.json: {"axis", "model", "config", "methods": {"base"|"sft"|"opct": the axis' evaluation result}, "info"
+(the axis' sizes and splits), "timings" (seconds per stage), "comparison" (an axis with `compare`: methods
+against each other), "capability" (when run), "wall_seconds"}. Per-example samples: samples/<method>.jsonl.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from opct.config import DEMO_SOURCE, DemoConfig, EvalConfig, SFTConfig, TrainConfig, exec_settings, to_yaml
+from opct.config import DemoConfig, EvalConfig, SFTConfig, TrainConfig, exec_settings, to_yaml
 from opct.data.io import atomic_write, write_json
 
 
-def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode: str, tok):
-    """The demo's fixed train/eval questions; `opct eval` calls this too, so it reproduces the demo's numbers.
-    In text mode, items whose options share a first token cannot be read from one position and are dropped."""
-    from opct.axes.sycophancy import text_readable
-    from opct.data.mcq import load_mcq, split_questions
+def config_for_axis(cls=DemoConfig, **options):
+    """A DemoConfig / EvalConfig for the Python API, with the axis' defaults where `options` sets nothing (what the
+    CLI does with flags)."""
+    from opct.axes import axis_defaults
+    from opct.config import validate
 
-    qs = load_mcq(source or DEMO_SOURCE, n=n_train + n_eval, seed=seed)
-    if mode == "text":
-        qs = [q for q in qs if text_readable(tok, q)]
-    train, ev = split_questions(qs, n_eval=n_eval, seed=seed)
-    return train[:n_train], ev
-
-
-def to_results(ev: dict) -> dict:
-    """evaluate_sycophancy's output -> the results.json shape (metric -> split -> {value, lo, hi, n})."""
-    from opct.axes.sycophancy import SPLITS
-
-    splits = [s for s in SPLITS if s in ev]
-    return {"sycophancy_rate": {s: ev[s]["sycophancy"] for s in splits},
-            "brr": {s: ev[s]["brr"] for s in splits},
-            "consistency": {s: ev[s]["consistency"] for s in splits},
-            "cued_accuracy": {s: ev[s]["accuracy"] for s in splits},
-            "clean_accuracy": ev["clean_accuracy"],
-            "n": {s: ev[s]["n"] for s in splits},
-            **({"degenerate": ev["degenerate"]} if ev.get("degenerate") else {})}
-
-
-def evaluate_model(model_name: str, questions, seed: int, batch_size: int, mode: str, cued_n: int, exec_cfg,
-                   loaded=None) -> dict:
-    from opct.axes.sycophancy import evaluate_sycophancy
-    from opct.backends import load_for_inference
-
-    model, tok = loaded or load_for_inference(model_name, exec_cfg)
-    with torch.no_grad():
-        return to_results(evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size, mode=mode,
-                                              cued_n=cued_n))
+    known = {f.name for f in dataclasses.fields(cls)}
+    values = {**{k: v for k, v in axis_defaults(options).items() if k in known}, **options}
+    return validate(cls(**values))
 
 
 def run_eval(cfg: EvalConfig) -> dict:
+    """`opct eval --axis NAME`: one model on the axis' evaluation set (the same items `opct demo` evaluates with the
+    same options). Returns {"axis", "model", "info", **the axis' result}; per-example samples go next to --out."""
+    from opct.axes import get_axis
     from opct.backends import load_for_inference
 
+    axis = get_axis(cfg.axis)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model, tok = load_for_inference(cfg.model, cfg)
-    _, ev = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
-    res = {"model": cfg.model, "mode": cfg.mode, "n_questions": len(ev),
-           **evaluate_model(cfg.model, ev, cfg.seed, cfg.batch_size, cfg.mode, cfg.cued_n, cfg, loaded=(model, tok))}
+    data = axis.prepare(cfg, tok)
+    samples = Path(cfg.out).with_suffix(".samples.jsonl") if cfg.out else None
+    res = {"axis": axis.name, "model": cfg.model, "info": data.info,
+           **axis.evaluate(model, tok, data, cfg, samples=samples)}
     if cfg.out:
         write_json(Path(cfg.out), res)
     return res
@@ -93,19 +75,6 @@ def run_capability_eval(cfg: EvalConfig) -> dict:
     return res
 
 
-def make_probe(questions, seed: int, batch_size: int, mode: str):
-    """A quick in-training eval on a few held-out questions: held-out-phrasing sycophancy and clean accuracy."""
-    from opct.axes.sycophancy import evaluate_sycophancy
-
-    def probe(model, tok):
-        with torch.no_grad():
-            ev = evaluate_sycophancy(model, tok, questions, seed=seed, batch_size=batch_size, splits=("heldout_cues",),
-                                     mode=mode)
-        return {"probe_sycophancy": ev["heldout_cues"]["sycophancy"]["value"],
-                "probe_accuracy": ev["clean_accuracy"]["value"]}
-    return probe
-
-
 def capability(cfg: DemoConfig, out: Path, methods: list[str]) -> dict:
     """lm-eval tasks on the base model and each trained one (by name and directory, as `lm_eval` would load
     them): per task, each method's score with its interval and the change from base."""
@@ -125,12 +94,13 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str]) -> dict:
 def run_demo(cfg: DemoConfig) -> Path:
     from opct.algo.opct import train
     from opct.algo.sft import train_sft
-    from opct.axes.sycophancy import build_train_pairs
+    from opct.axes import get_axis
     from opct.backends import load_for_inference
     from opct.data.pairs import save_pairs
     from opct.report import write_report
     from opct.train.loop import RunError
 
+    axis = get_axis(cfg.axis)
     out = Path(cfg.out)
     if out.exists() and any(out.iterdir()):
         raise RunError(f"{out}: already holds a run; choose another --out or remove it")
@@ -148,29 +118,35 @@ def run_demo(cfg: DemoConfig) -> Path:
         timings[name] = round(time.perf_counter() - t, 1)
         return r
 
-    stages = tqdm(total=2 + 2 * len(methods) + 1, desc="demo", unit="stage")
+    def evaluate(method: str, loaded=None) -> dict:
+        model, tok = loaded or load_for_inference(str(out / method / "model"), cfg)
+        return axis.evaluate(model, tok, data, cfg, samples=out / "samples" / f"{method}.jsonl")
+
+    stages = tqdm(total=2 + 2 * len(methods) + 1, desc=f"demo ({axis.name})", unit="stage")
     if cfg.capability:
         from opct.evals.capability import resolve_suite
 
         resolve_suite(cfg.capability)  # a bad --capability fails here, before any work
     base = load_for_inference(cfg.model, cfg)
-    train_q, eval_q = timed("questions", split_questions_for, cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode,
-                            base[1])
+    data = timed("prepare", axis.prepare, cfg, base[1])
+    if methods and not data.train_pairs:
+        raise RunError(f"axis {axis.name}: no training pairs from --source {cfg.source!r} (an evaluation-only "
+                       "source?); `opct eval --axis` evaluates on it")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "demo.yaml", to_yaml(cfg))
-    pairs = build_train_pairs(train_q, seed=cfg.seed, mode=cfg.mode)
-    save_pairs(pairs, out / "pairs.jsonl")
+    save_pairs(data.train_pairs, out / "pairs.jsonl")
+    if data.sft_pairs is not None:
+        save_pairs(data.sft_pairs, out / "sft_pairs.jsonl")
     stages.update()
 
-    results = {"model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {}, "timings": timings,
-               "n_train_questions": len(train_q), "n_eval_questions": len(eval_q)}
+    results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {},
+               "info": data.info, "timings": timings}
     stages.set_postfix_str("evaluating base")
-    results["methods"]["base"] = timed("eval_base", evaluate_model, cfg.model, eval_q, cfg.seed, cfg.batch_size,
-                                       cfg.mode, cfg.cued_n, cfg, loaded=base)
+    results["methods"]["base"] = timed("eval_base", evaluate, "base", loaded=base)
     del base
     stages.update()
 
-    probe = make_probe(eval_q[:cfg.probe_n], cfg.seed, cfg.batch_size, cfg.mode) if cfg.probe_every else None
+    probe = axis.probe(data, cfg) if cfg.probe_every else None
     common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
                   micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
                   lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed, save_every=0,
@@ -178,16 +154,18 @@ def run_demo(cfg: DemoConfig) -> Path:
     for m in methods:
         stages.set_postfix_str(f"training {m}")
         if m == "sft":
-            timed("train_sft", train_sft, SFTConfig(out=str(out / "sft"), **common), pairs=pairs, probe=probe,
+            sft_cfg = dataclasses.replace(SFTConfig(out=str(out / "sft"), **common), **axis.sft)
+            timed("train_sft", train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
                   probe_every=cfg.probe_every)
         else:
-            timed("train_opct", train, TrainConfig(out=str(out / "opct"), **common), pairs=pairs, probe=probe,
-                  probe_every=cfg.probe_every)
+            timed("train_opct", train, TrainConfig(out=str(out / "opct"), **common), pairs=data.train_pairs,
+                  probe=probe, probe_every=cfg.probe_every)
         stages.update()
         stages.set_postfix_str(f"evaluating {m}")
-        results["methods"][m] = timed(f"eval_{m}", evaluate_model, str(out / m / "model"), eval_q, cfg.seed,
-                                      cfg.batch_size, cfg.mode, cfg.cued_n, cfg)
+        results["methods"][m] = timed(f"eval_{m}", evaluate, m)
         stages.update()
+    if hasattr(axis, "compare"):
+        results["comparison"] = axis.compare(results["methods"])
     if cfg.capability:
         stages.set_postfix_str("capability")
         results["capability"] = timed("capability", capability, cfg, out, methods)

@@ -37,6 +37,7 @@ LABELS = {
 DIRECTION = {"sycophancy_rate": "lower is better", "consistency": "higher is better",
              "cued_accuracy": "higher is better", "clean_accuracy": "higher is better"}
 COLORS = {"base": "#8c8c8c", "sft": "#4c72b0", "opct": "#dd8452"}
+PROBE_COLORS = {"probe_sycophancy": "#c44e52", "probe_accuracy": "#55a868"}
 OTHER_COLORS = ("#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
 INTERVAL_NOTE = ("Intervals are 95% Wilson score intervals over prompts; n is the number of prompts in the "
@@ -271,7 +272,9 @@ def training_panels(opct_rows: list[dict], sft_rows: list[dict]) -> list[tuple]:
         panels.append(("SFT: loss vs step", [("line", xs, ys, "loss", "#4c72b0")], None))
     probes, last_step = [], 0
     for method, rows, marker in (("opct", opct_rows, "o"), ("sft", sft_rows, "s")):
-        for key, color in (("probe_sycophancy", "#c44e52"), ("probe_accuracy", "#55a868")):
+        keys = list(dict.fromkeys(k for r in rows for k in r if k.startswith("probe_")))
+        for j, key in enumerate(keys):
+            color = PROBE_COLORS.get(key, OTHER_COLORS[j % len(OTHER_COLORS)])
             xs, ys = series(rows, key)
             if ys:
                 name = f"{label(method)} {key.removeprefix('probe_')}"
@@ -314,35 +317,17 @@ def method_table(results: dict) -> tuple[dict, list[str]]:
     return methods, ordered(methods, METHOD_ORDER)
 
 
-def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Path], run_dir: Path) -> list:
+def results_blocks(results: dict, note: str = INTERVAL_NOTE) -> list:
+    """The generic results tables: one table per metric stored as {split: cell} (rows = splits, columns =
+    methods), then the metrics stored as one cell; warnings an evaluation recorded ("degenerate") first."""
     methods, names = method_table(results)
     split_metrics = per_split_metrics(methods)
     splits = splits_of(methods, split_metrics)
-    model = results.get("model", "unknown model")
-
-    blocks = [("h1", f"OPCT report: {model}")]
-    intro = [f"Model: {model}"]
-    if is_number(results.get("wall_seconds")):
-        intro.append(f"Wall time: {fmt_seconds(results['wall_seconds'])}")
-    intro.append(f"Methods: {', '.join(label(m) for m in names) or 'none'}")
-    blocks.append(("list", intro))
-
-    blocks.append(("h2", "What was run"))
-    config = results.get("config")
-    if isinstance(config, dict) and config:
-        blocks.append(("table", ["Setting", "Value"], [list(kv) for kv in flatten(config)]))
-    else:
-        blocks.append(("p", "results.json records no config."))
-    timings = {k: v for k, v in (results.get("timings") or {}).items() if is_number(v)}
-    if timings:
-        blocks.append(("p", "Time per stage:"))
-        blocks.append(("table", ["Stage", "Seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
-
-    blocks.append(("h2", "Results"))
+    blocks = []
     for m in names:
         if isinstance(methods[m].get("degenerate"), str):
             blocks.append(("p", f"WARNING ({label(m)}): {methods[m]['degenerate']}."))
-    blocks.append(("p", INTERVAL_NOTE))
+    blocks.append(("p", note))
     header = ["Split"] + [label(m) for m in names] + ["n"]
     for metric in split_metrics:
         title = label(metric) + (f" ({DIRECTION[metric]})" if metric in DIRECTION else "")
@@ -356,14 +341,22 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         blocks.append(("table", header, rows))
     scalars = scalar_metrics(methods)
     if scalars:
-        blocks.append(("h3", "Without cues"))
+        blocks.append(("h3", "Without cues" if "clean_accuracy" in scalars else "Other metrics"))
         rows = []
         for metric in scalars:
             cells = [cell(methods, m, metric) for m in names]
             name = label(metric) + (f" ({DIRECTION[metric]})" if metric in DIRECTION else "")
             rows.append([name] + [fmt_cell(c) for c in cells] + [fmt_n(cells, [None] * len(cells))])
         blocks.append(("table", ["Metric"] + [label(m) for m in names] + ["n"], rows))
+    return blocks
 
+
+def sycophancy_blocks(results: dict, run_dir: Path) -> list:
+    """The sycophancy axis' section: the results tables, the rate relative to base, and its two plots."""
+    methods, names = method_table(results)
+    split_metrics = per_split_metrics(methods)
+    splits = splits_of(methods, split_metrics)
+    blocks = results_blocks(results)
     others = [m for m in names if m != "base"]
     if "base" in names and others and "sycophancy_rate" in split_metrics:
         blocks.append(("h3", "Sycophancy rate relative to base"))
@@ -375,6 +368,60 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
             if base is not None:
                 rows.append([s] + [fmt_ratio(cell(methods, m, "sycophancy_rate", s), base) for m in others])
         blocks.append(("table", ["Split"] + [f"{label(m)} vs base" for m in others], rows))
+    plot_dir = Path(run_dir) / "plots"
+    if any(cell(methods, m, "sycophancy_rate", s) for m in names for s in splits):
+        plot_sycophancy(methods, names, splits, plot_dir / "sycophancy_by_split.png")
+        blocks.append(("img", "Sycophancy rate by method and split", "plots/sycophancy_by_split.png"))
+    if any(cell(methods, m, "consistency", s) or cell(methods, m, "cued_accuracy", s)
+           for m in names for s in splits) or any(cell(methods, m, "clean_accuracy") for m in names):
+        plot_consistency_accuracy(methods, names, splits, plot_dir / "consistency_accuracy.png")
+        blocks.append(("img", "Consistency by split; clean vs cued accuracy", "plots/consistency_accuracy.png"))
+    return blocks
+
+
+def axis_blocks(results: dict, run_dir: Path) -> list:
+    """The section of the axis that wrote results.json ("axis"; results without one are sycophancy runs); an axis
+    this opct does not know gets the generic tables."""
+    from opct.axes import AXES, get_axis
+
+    name = results.get("axis") or "sycophancy"
+    if name not in AXES:
+        return [("p", f"Axis {name!r} is not known to this opct; its metrics as generic tables.")] + \
+            results_blocks(results)
+    return get_axis(name).report_blocks(results, run_dir)
+
+
+def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Path], run_dir: Path) -> list:
+    """The whole report: header, what was run, the axis' section, capability, shared plots, training logs."""
+    methods, names = method_table(results)
+    model = results.get("model", "unknown model")
+
+    blocks = [("h1", f"OPCT report: {model}")]
+    intro = [f"Model: {model}"]
+    if results.get("axis"):
+        intro.append(f"Axis: {results['axis']}")
+    if is_number(results.get("wall_seconds")):
+        intro.append(f"Wall time: {fmt_seconds(results['wall_seconds'])}")
+    intro.append(f"Methods: {', '.join(label(m) for m in names) or 'none'}")
+    blocks.append(("list", intro))
+
+    blocks.append(("h2", "What was run"))
+    config = results.get("config")
+    if isinstance(config, dict) and config:
+        blocks.append(("table", ["Setting", "Value"], [list(kv) for kv in flatten(config)]))
+    else:
+        blocks.append(("p", "results.json records no config."))
+    info = results.get("info")
+    if isinstance(info, dict) and info:
+        blocks.append(("p", "Data:"))
+        blocks.append(("table", ["Item", "Value"], [list(kv) for kv in flatten(info)]))
+    timings = {k: v for k, v in (results.get("timings") or {}).items() if is_number(v)}
+    if timings:
+        blocks.append(("p", "Time per stage:"))
+        blocks.append(("table", ["Stage", "Seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
+
+    blocks.append(("h2", "Results"))
+    blocks += axis_blocks(results, run_dir)
 
     cap = results.get("capability")
     if isinstance(cap, dict) and cap:
@@ -398,9 +445,7 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
 
     if plots:
         blocks.append(("h2", "Plots"))
-        captions = {"sycophancy_by_split": "Sycophancy rate by method and split",
-                    "consistency_accuracy": "Consistency by split; clean vs cued accuracy",
-                    "training": "Training curves", "capability": "Capability retention by task"}
+        captions = {"training": "Training curves", "capability": "Capability retention by task"}
         for name, path in plots.items():
             blocks.append(("img", captions.get(name, name), path.relative_to(run_dir).as_posix()))
 
@@ -497,18 +542,9 @@ def write_report(run_dir: str | Path) -> dict:
         raise ValueError(f"{results_path}: expected a JSON object")
     logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in ("opct", "sft")}
 
-    methods, names = method_table(results)
-    splits = splits_of(methods, per_split_metrics(methods))
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     plots = {}
-    if any(cell(methods, m, "sycophancy_rate", s) for m in names for s in splits):
-        plots["sycophancy_by_split"] = plot_dir / "sycophancy_by_split.png"
-        plot_sycophancy(methods, names, splits, plots["sycophancy_by_split"])
-    if any(cell(methods, m, "consistency", s) or cell(methods, m, "cued_accuracy", s)
-           for m in names for s in splits) or any(cell(methods, m, "clean_accuracy") for m in names):
-        plots["consistency_accuracy"] = plot_dir / "consistency_accuracy.png"
-        plot_consistency_accuracy(methods, names, splits, plots["consistency_accuracy"])
     panels = training_panels(logs["opct"], logs["sft"])
     if panels:
         plots["training"] = plot_dir / "training.png"
@@ -520,6 +556,9 @@ def write_report(run_dir: str | Path) -> dict:
         plots["capability"] = plot_dir / "capability.png"
         plot_capability(results["capability"], plots["capability"])
     blocks = build_blocks(results, logs, plots, run_dir)
+    for kind, *args in blocks:  # the axis' own plots
+        if kind == "img" and Path(args[1]).parts[0] == "plots":
+            plots.setdefault(Path(args[1]).stem, run_dir / args[1])
     md_path, html_path = run_dir / "report.md", run_dir / "report.html"
     atomic_write(md_path, render_markdown(blocks))
     atomic_write(html_path, render_html(blocks))

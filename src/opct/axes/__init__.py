@@ -1,1 +1,30 @@
-"""Consistency axes: how each axis builds its (student, teacher) pairs and how it is evaluated."""
+"""Consistency axes: how each axis builds its (student, teacher) pairs and how it is evaluated.
+
+Every axis follows `opct.axes.base.Axis` (prepare -> AxisData, evaluate, probe, report_blocks). `AXES` maps a
+name to "module:class"; the module is imported only when the axis is asked for. Add an axis by adding a line.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+AXES = {
+    "sycophancy": "opct.axes.sycophancy:SycophancyAxis",
+}
+
+
+class AxisError(ValueError):
+    """An unknown axis name."""
+
+
+def get_axis(name: str):
+    """The axis registered as `name` (an instance of its class)."""
+    if name not in AXES:
+        raise AxisError(f"unknown axis {name!r}; known axes: {', '.join(AXES)}")
+    module, cls = AXES[name].split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def axis_defaults(values: dict) -> dict:
+    """The defaults of the axis that `values` (the options the user set) selects; for config.build."""
+    return dict(get_axis(values.get("axis") or "sycophancy").defaults)

@@ -478,3 +478,72 @@ def evaluate_sycophancy(model, tokenizer, questions: list[MCQ], seed: int = 0, b
         result[s] = split_metrics(items[s], cued[j * m:(j + 1) * m], clean[:m])
     model.train(was_training)
     return result
+
+
+# ----------------------------------------------------------------------------------------------
+# the axis (opct.axes.base.Axis): what `opct demo` / `opct eval --axis sycophancy` run
+
+
+def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode: str, tok):
+    """The demo's fixed train/eval questions; `opct eval` calls this too, so it reproduces the demo's numbers.
+    In text mode, items whose options share a first token cannot be read from one position and are dropped."""
+    from opct.config import DEMO_SOURCE
+    from opct.data.mcq import load_mcq, split_questions
+
+    qs = load_mcq(source or DEMO_SOURCE, n=n_train + n_eval, seed=seed)
+    if mode == "text":
+        qs = [q for q in qs if text_readable(tok, q)]
+    train, ev = split_questions(qs, n_eval=n_eval, seed=seed)
+    return train[:n_train], ev
+
+
+def to_results(ev: dict) -> dict:
+    """evaluate_sycophancy's output -> the results.json shape (metric -> split -> {value, lo, hi, n})."""
+    splits = [s for s in SPLITS if s in ev]
+    return {"sycophancy_rate": {s: ev[s]["sycophancy"] for s in splits},
+            "brr": {s: ev[s]["brr"] for s in splits},
+            "consistency": {s: ev[s]["consistency"] for s in splits},
+            "cued_accuracy": {s: ev[s]["accuracy"] for s in splits},
+            "clean_accuracy": ev["clean_accuracy"],
+            "n": {s: ev[s]["n"] for s in splits},
+            **({"degenerate": ev["degenerate"]} if ev.get("degenerate") else {})}
+
+
+class SycophancyAxis:
+    """Wrong-answer cues on multiple-choice questions (this module's docstring); metrics read from one forward
+    pass per prompt, so the eval writes no per-example samples."""
+    name = "sycophancy"
+    summary = "multiple-choice questions with and without a user's wrong-answer cue"
+    defaults: dict = {}  # the config dataclasses' own defaults are this axis'
+    sft: dict = {}  # greedy targets, one per prompt (BCT)
+
+    def prepare(self, cfg, tok):
+        from opct.axes.base import AxisData
+
+        train_q, eval_q = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
+        return AxisData(build_train_pairs(train_q, seed=cfg.seed, mode=cfg.mode), eval_q,
+                        info={"n_train_questions": len(train_q), "n_eval_questions": len(eval_q)})
+
+    def evaluate(self, model, tok, data, cfg, samples=None) -> dict:
+        with torch.no_grad():
+            return to_results(evaluate_sycophancy(model, tok, data.eval_set, seed=cfg.seed,
+                                                  batch_size=cfg.batch_size, mode=cfg.mode, cued_n=cfg.cued_n))
+
+    def probe(self, data, cfg):
+        """Held-out-phrasing sycophancy and clean accuracy on the first `probe_n` evaluation questions."""
+        if not getattr(cfg, "probe_every", 0):
+            return None
+        questions = data.eval_set[:cfg.probe_n]
+
+        def probe(model, tok):
+            with torch.no_grad():
+                ev = evaluate_sycophancy(model, tok, questions, seed=cfg.seed, batch_size=cfg.batch_size,
+                                         splits=("heldout_cues",), mode=cfg.mode)
+            return {"probe_sycophancy": ev["heldout_cues"]["sycophancy"]["value"],
+                    "probe_accuracy": ev["clean_accuracy"]["value"]}
+        return probe
+
+    def report_blocks(self, results: dict, run_dir) -> list:
+        from opct.report import sycophancy_blocks
+
+        return sycophancy_blocks(results, run_dir)

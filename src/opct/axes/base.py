@@ -1,0 +1,171 @@
+"""The shape every axis follows: data + perturbation + eval, behind one small interface.
+
+An axis turns its source data into consistency pairs (student = the perturbed prompt, teacher = the clean or
+contrastive prompt the frozen model answers well) and knows how to evaluate a model on its held-out set. The demo,
+`opct eval --axis` and the report call only what is below; nothing else about an axis is shared.
+
+    axis = get_axis("safety")                          # opct.axes registry
+    data = axis.prepare(cfg, tok)                       # -> AxisData
+    res  = axis.evaluate(model, tok, data, cfg, samples=path)   # -> results.json section of one model
+    probe = axis.probe(data, cfg)                       # -> probe(model, tok) -> {name: number}, or None
+    blocks = axis.report_blocks(results, run_dir)       # -> this axis' report section (plots saved under run_dir)
+    axis.compare(methods)                               # optional: methods against each other -> results "comparison"
+
+`cfg` is a DemoConfig or an EvalConfig: both carry every axis option (config.AxisOptions), so `prepare` and
+`evaluate` read the same fields under `opct demo` and `opct eval` and select the same evaluation items.
+
+An evaluation result maps metric -> split -> {"value", "lo", "hi", "n"} (a 95 % interval), or metric -> such a
+cell for a metric without splits; anything else the axis wants in results.json (counts, per-fact tables, a
+warning) may sit next to them. `report.py` renders the shared parts (config, timings, training curves,
+capability) and asks the axis for its own section.
+
+`generate` is the shared greedy/sampled generation for axes whose eval reads free text (safety, jailbreak):
+through the CPU backend's prefill + lean decoder where it applies, else the model's own forward with a KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from opct.data.pairs import ConsistencyPair
+
+
+@dataclass
+class AxisData:
+    """What `Axis.prepare` returns.
+
+    train_pairs  OPCT's pairs: student = perturbed prompt, teacher = clean / contrastive prompt
+    sft_pairs    the pairs whose TEACHER side the frozen model answers to make SFT targets (None = train_pairs; an
+                 axis may add e.g. benign regulariser pairs)
+    eval_set     whatever the axis' `evaluate` needs (questions, prompts per split, ...)
+    info         sizes and splits, recorded under results.json "info"
+    """
+    train_pairs: list[ConsistencyPair]
+    eval_set: Any
+    sft_pairs: list[ConsistencyPair] | None = None
+    info: dict = field(default_factory=dict)
+
+    def pairs_for_sft(self) -> list[ConsistencyPair]:
+        return self.train_pairs if self.sft_pairs is None else self.sft_pairs
+
+
+class Axis(Protocol):
+    """One consistency axis. Class attributes:
+
+    name      the registry key (`--axis NAME`)
+    summary   one line for `--help` and the report
+    defaults  DemoConfig / EvalConfig values for this axis (model, n_train, steps, max_new_tokens, ...), applied
+              only to options the user did not set (flags or --config YAML)
+    sft       SFTConfig overrides for the demo's SFT baseline (e.g. {"samples_per_prompt": 3, "temperature": 1.0})
+    """
+    name: str
+    summary: str
+    defaults: dict
+    sft: dict
+
+    def prepare(self, cfg, tok) -> AxisData:
+        """Build the training pairs and the evaluation set; deterministic in cfg (seed)."""
+        ...
+
+    def evaluate(self, model, tok, data: AxisData, cfg, samples: Path | None = None) -> dict:
+        """Evaluate one model on data.eval_set: the results.json section for it (see the module docstring). With
+        `samples`, also write per-example records (prompt, response, verdict) there as JSONL for inspection."""
+        ...
+
+    def probe(self, data: AxisData, cfg) -> Callable | None:
+        """A quick in-training eval, probe(model, tok) -> {name: number}, logged with the step; None = none."""
+        ...
+
+    def report_blocks(self, results: dict, run_dir: Path) -> list:
+        """This axis' report section as report blocks (see opct.report); plots go under run_dir / "plots"."""
+        ...
+
+    # Optional: compare(methods: {"base"|"sft"|"opct": result}) -> dict, e.g. paired changes from base with
+    # intervals; the demo stores it as results.json "comparison" when the axis has it.
+
+
+# ----------------------------------------------------------------------------------------------
+# shared helpers for axes
+
+
+def eos_ids(model, tok) -> set[int]:
+    import numpy as np
+
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return {tok.eos_token_id} | set(np.atleast_1d(gen_eos if gen_eos is not None else []).tolist())
+
+
+@torch.no_grad()
+def generate(model, tok, chats: list[list[dict]], cfg, max_new_tokens: int, temperature: float = 0.0,
+             batch_size: int = 16, seed: int = 0) -> list[str]:
+    """One response per chat (messages rendered with the chat template and its generation prompt), decoded to
+    text without special tokens. Greedy by default. Chats are run in batches of similar prompt length; the
+    output is in input order. `cfg` gives the execution settings (backend, lean decoder); with the cpu backend
+    the prompts go through the CPU prefill and lean decoder, otherwise through the model's own forward."""
+    from opct.backends import resolve
+    from opct.backends.sampling import SamplingSettings
+    from opct.data.pairs import render_prompt
+
+    _, _, backend = resolve(cfg)
+    settings = SamplingSettings(max_new_tokens, temperature)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = eos_ids(model, tok)
+    ids = [render_prompt(tok, m) for m in chats]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    out: list[str | None] = [None] * len(ids)
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        prompts = [ids[i] for i in rows]
+        if backend == "cpu":
+            from opct.backends.cpu.prefill import decode, prefill
+
+            responses = decode(model, prefill(model, prompts, pad, keys_only=cfg.keys_only_last_layer), settings,
+                               eos, pad, gen, lean=cfg.lean_decoder)
+        else:
+            responses = _hf_generate(model, prompts, settings, eos, pad, gen)
+        for i, r in zip(rows, responses):
+            out[i] = tok.decode(r, skip_special_tokens=True).strip()
+    model.train(was_training)
+    return out  # type: ignore[return-value]
+
+
+def _hf_generate(model, prompts: list[list[int]], settings, eos: set[int], pad: int, gen) -> list[list[int]]:
+    """The hf backend's sampling loop (as HFPolicy samples) on a plain model: left-padded prefill, KV cache."""
+    from transformers import DynamicCache
+
+    from opct.backends.batching import left_pad
+    from opct.backends.sampling import decode_loop
+
+    device = next(model.parameters()).device
+    ids_NL, mask_NL, pos_NL = left_pad(prompts, pad, device)
+    cache = DynamicCache()
+    o = model(input_ids=ids_NL, attention_mask=mask_NL, position_ids=pos_NL, past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+    state = {"mask": mask_NL, "pos": pos_NL[:, -1]}
+
+    def step(tok_N, i):
+        state["pos"] = state["pos"] + 1
+        state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((len(prompts), 1))], dim=1)
+        return model(input_ids=tok_N[:, None], attention_mask=state["mask"], position_ids=state["pos"][:, None],
+                     past_key_values=cache, use_cache=True).logits[:, -1]
+
+    return decode_loop(o.logits[:, -1], step, settings, eos, pad, gen)
+
+
+def is_cell(x) -> bool:
+    return isinstance(x, dict) and "value" in x
+
+
+def result_rows(res: dict) -> list[tuple[str, str, dict]]:
+    """(metric, split, cell) rows of an evaluation result: metrics without splits first, in their order."""
+    single = [(k, "", v) for k, v in res.items() if is_cell(v)]
+    split = [(k, s, c) for k, v in res.items() if isinstance(v, dict) and not is_cell(v)
+             for s, c in v.items() if is_cell(c)]
+    return single + split
