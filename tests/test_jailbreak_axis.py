@@ -83,19 +83,6 @@ def test_adaptive_attack_cracks_a_behaviour_if_any_attempt_succeeds():
     assert res["defence"]["value"] == 0.0
 
 
-def test_generate_greedy_is_batch_independent_and_sampling_is_seeded(tiny_model_dir):
-    from opct.models import load_model
-
-    model, tok = load_model(str(tiny_model_dir))
-    msgs = [[{"role": "user", "content": t}] for t in ("hi", "tell me a story about a cat", "2+2?", "ok")]
-    a = J.generate(model, tok, msgs, 6, batch_size=4)
-    b = J.generate(model, tok, msgs, 6, batch_size=1)
-    assert a == b and len(a) == 4 and any(a)
-    s1 = J.generate(model, tok, msgs, 6, temperature=1.0, batch_size=4, seed=3)
-    s2 = J.generate(model, tok, msgs, 6, temperature=1.0, batch_size=4, seed=3)
-    assert s1 == s2
-
-
 class HalfJudge:
     """Refuses every answer to a request containing 'refuse', cannot parse those containing 'garble'."""
     name = "stub"
@@ -111,7 +98,7 @@ def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp
     items = items_for([("bare", "refuse a"), ("train_wrappers", "b"), ("heldout_wrappers", "refuse a"),
                        ("heldout_family", "garble a"), ("heldout_wrappers", "c"), ("benign", "refuse x")])
     items[3] = EvalItem("heldout_family/a/3", "heldout_family", items[3].messages, "garble a", "refuse a", "w3")
-    data = J.JailbreakData([], [], items)
+    data = J.AxisData(train_pairs=[], eval_set=items)
     res = J.evaluate(model, tok, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
                      attack_samples=1, samples_per_split=1)
     assert set(res["asr"]) == {"bare", "train_wrappers", "heldout_wrappers", "heldout_family"}
@@ -147,3 +134,43 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
     assert ["cracked share", "0.70 [0.50, 0.90]", "0.20 [0.00, 0.40]"] in tables[1][2]
     assert (tmp_path / "plots" / "jailbreak_by_split.png").stat().st_size > 1000
     assert any(b[0] == "table" and b[2][0][2] == "I'm sorry" for b in blocks)
+
+
+def test_shared_generate_is_batch_independent_and_seeded(tiny_model_dir):
+    from opct.axes.base import generate
+    from opct.config import ExecConfig
+    from opct.models import load_model
+
+    model, tok = load_model(str(tiny_model_dir))
+    msgs = [[{"role": "user", "content": t}] for t in ("hi", "tell me a story about a cat", "2+2?", "ok")]
+    cfg = ExecConfig()
+    a = generate(model, tok, msgs, cfg, 6, batch_size=4)
+    assert a == generate(model, tok, msgs, cfg, 6, batch_size=1) and len(a) == 4 and any(a)
+    s = generate(model, tok, msgs, cfg, 6, temperature=1.0, batch_size=4, seed=3)
+    assert s == generate(model, tok, msgs, cfg, 6, temperature=1.0, batch_size=4, seed=3)
+
+
+def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_model_dir, tmp_path):  # noqa: F811
+    """`opct demo --axis jailbreak` on a tiny model: both models, results.json with every split for base / SFT /
+    OPCT, the report's jailbreak section and plot; `opct eval --axis jailbreak` gives the OPCT column again."""
+    from opct.cli import main
+
+    out = tmp_path / "demo"
+    flags = ["--axis", "jailbreak", "--model", str(tiny_model_dir), "--n-train", "2", "--n-eval", "2", "--n-benign",
+             "1", "--max-new-tokens", "4", "--eval-max-new-tokens", "4", "--attack-samples", "1", "--threads", "1"]
+    assert main(["demo", *flags, "--steps", "1", "--prompts-per-step", "2", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["axis"] == "jailbreak" and set(res["methods"]) == {"base", "sft", "opct"}
+    assert res["info"]["n_sft_pairs"] == res["info"]["n_train_pairs"] + res["info"]["n_benign_regulariser_pairs"]
+    for m in res["methods"].values():
+        assert set(m["asr"]) == {"bare", *J.SPLITS} and m["over_refusal"]["n"] == 1
+        assert m["adaptive_attack"]["attempts_per_behaviour"] == 3 + 2 + 1  # held-out wrappers + family + 1 sample
+    assert (out / "opct" / "model" / "adapter_config.json").is_file() and (out / "sft" / "model").is_dir()
+    report = (out / "report.md").read_text()
+    assert "Jailbreak: attack success by split" in report and "plots/jailbreak_by_split.png" in report
+    assert len((out / "samples" / "opct.jsonl").read_text().splitlines()) == sum(res["info"]["eval_items"].values()) + 2
+    ev = tmp_path / "eval.json"
+    assert main(["eval", *flags, "--model", str(out / "opct" / "model"), "--out", str(ev)]) == 0
+    again = json.loads(ev.read_text())
+    assert again["asr"] == res["methods"]["opct"]["asr"] and again["adaptive_attack"] == \
+        res["methods"]["opct"]["adaptive_attack"]

@@ -10,6 +10,7 @@ import importlib
 
 AXES = {
     "sycophancy": "opct.axes.sycophancy:SycophancyAxis",
+    "jailbreak": "opct.axes.jailbreak:JailbreakAxis",
 }
 
 
