@@ -180,12 +180,12 @@ class AxisOptions(ExecConfig):
     eval_source: str = opt("harmbench+strongreject", "jailbreak: evaluation behaviours (--source: training "
                            "behaviours, default advbench); see opct.data.harmful.load_behaviours", group=AXIS)
     pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour", group=AXIS)
-    n_benign: int = opt(30, "jailbreak: benign look-alike prompts for over-refusal (never trained on)", group=AXIS)
+    n_benign: int = opt(24, "jailbreak: benign look-alike prompts for over-refusal (never trained on)", group=AXIS)
     benign_share: float = opt(0.25, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
                               "as target) in the SFT baseline's pairs; 0 = none", group=AXIS)
     attack_samples: int = opt(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
                               "held-out attempts", group=AXIS)
-    eval_max_new_tokens: int = opt(48, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
+    eval_max_new_tokens: int = opt(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
                                    group=AXIS)
     judge_constrained: bool = opt(False, "jailbreak, --judge llm: ask the server (vLLM) to decode the StrongREJECT "
                                   "rubric's answer layout (for small judges that ignore it)", group=AXIS)

@@ -62,13 +62,13 @@ class Options:
     the default here. `source` is the training behaviours' source, `eval_source` the evaluation behaviours'."""
     n_train: int = 48  # AdvBench training behaviours
     pairs_per_behaviour: int = 2  # training wrappers per training behaviour (distinct, seeded)
-    n_eval: int = 20  # HarmBench + StrongREJECT evaluation behaviours
+    n_eval: int = 16  # HarmBench + StrongREJECT evaluation behaviours
     eval_train_per_behaviour: int = 1  # training wrappers per evaluation behaviour in "train_wrappers"
-    n_benign: int = 30  # benign look-alikes for over-refusal
+    n_benign: int = 24  # benign look-alikes for over-refusal
     benign_share: float = 0.25  # lambda: share of benign regulariser pairs in the SFT set (0 = none)
-    eval_max_new_tokens: int = 48  # answer length in the eval (the refusal judge reads 200 characters)
+    eval_max_new_tokens: int = 32  # answer tokens in the eval (the refusal judge reads the first 200 characters)
     attack_samples: int = 2  # adaptive attack: samples at T = 1 per behaviour on top of the greedy attempts
-    batch_size: int = 16  # eval generation batch
+    batch_size: int = 32  # eval generation batch
     source: str = "advbench"  # training behaviours (opct.data.harmful.load_behaviours spec)
     eval_source: str = "harmbench+strongreject"
     judge: str = "keyword"  # "llm": also the StrongREJECT rubric through judge_url (the refusal judge always runs)
@@ -435,10 +435,14 @@ class JailbreakAxis:
                "adaptive attack, over-refusal")
     # DemoConfig / EvalConfig values for this axis, sized for a 2-core CPU (README: Jailbreak demo)
     defaults = {"model": "qwen2.5-coder-0.5b-instruct", "source": Options.source, "n_train": Options.n_train,
-                "n_eval": Options.n_eval, "steps": 24, "prompts_per_step": 8, "max_new_tokens": 32, "lr": 2e-4,
+                "n_eval": Options.n_eval, "steps": 20, "prompts_per_step": 8, "max_new_tokens": 32, "lr": 3e-4,
                 "lora_rank": 16, "probe_every": 0, "capability": "", "batch_size": Options.batch_size}
     sft = {"temperature": 0.0}  # the target: the frozen model's greedy answer to the teacher (bare) side
-    opct: dict = {}  # TrainConfig overrides for the demo's OPCT run
+    # OPCT's loss in the demo: the exact reverse KL over the vocabulary instead of the sampled-token estimate (the
+    # paper's default). The wrapped and bare answers part at a few early positions ("Certainly!" vs "I'm sorry");
+    # with 8 samples a step the sampled estimate of that gradient is noisy, the exact one is not, for ~10% more
+    # time a step on this model.
+    opct = {"loss": "full"}
 
     def prepare(self, cfg, tok=None) -> AxisData:
         return prepare(cfg, tok)
