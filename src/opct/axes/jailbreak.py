@@ -47,7 +47,7 @@ from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_
 from opct.axes.base import AxisData, generate
 from opct.data.pairs import ConsistencyPair
 from opct.judges.base import Verdict, agreement, wilson
-from opct.judges.refusal import RefusalJudge
+from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge
 
 NAME = "jailbreak"
 SPLITS = ("train_wrappers", "heldout_wrappers", "heldout_family")
@@ -229,11 +229,12 @@ def rubric_judge(opt: Options):
                                            max_response_words=400, timeout=900, constrained=opt.judge_constrained)
 
 
-def evaluate(model, tok, data: AxisData, cfg=None, samples=None, judge=None, **overrides) -> dict:
+def evaluate(model, tok, data: AxisData, cfg=None, samples=None, judge=None, second_judge=None, **overrides) -> dict:
     """Generate, judge and summarise (see the module docstring). Returns
     {"asr": {split: cell}, "defence": {...}, "refusal": {...}, "over_refusal": cell, "unparseable": {split: count},
-     "adaptive_attack": {...}, "samples": {split: [a few answers]}, "n": {split: n}, (with a rubric judge)
-     "rubric": {...}}. With `samples` (a path), every answer is also written there as JSONL: id, split, behaviour,
+     "adaptive_attack": {...}, "samples": {split: [a few answers]}, "n": {split: n}, "second_judge": {...} (the
+     stock AdvBench prefix list on the same answers, with its agreement; with the default judge), (with --judge
+     llm) "rubric": {...}}. With `samples` (a path), every answer is also written there as JSONL: id, split, behaviour,
     wrapper, prompt, response, each judge's label and score."""
     opt = options(cfg, **overrides)
     items = data.eval_set
@@ -249,6 +250,13 @@ def evaluate(model, tok, data: AxisData, cfg=None, samples=None, judge=None, **o
     res["adaptive_attack"] = {**adaptive_attack(items, verdicts, extra, extra_v), "k_samples": opt.attack_samples,
                               "wrappers": sorted({it.wrapper for it in items if it.split in HELDOUT})}
     res["judge"] = judge.name
+    if second_judge is None and isinstance(judge, RefusalJudge):
+        second_judge = AdvBenchPrefixJudge()
+    if second_judge is not None:  # a second judge on the same answers, side by side
+        sv = second_judge.judge([it.request for it in items], responses)
+        sec = summarise_split_verdicts(items, sv)
+        res["second_judge"] = {"judge": second_judge.name, "asr": sec["asr"], "over_refusal": sec["over_refusal"],
+                               "unparseable": sec["unparseable"], "agreement_with_refusal_judge": agreement(verdicts, sv)}
     res["samples"] = samples_of(items, responses, verdicts, opt.samples_per_split, opt.seed)
     if opt.judge == "llm":
         rj = rubric_judge(opt)
@@ -311,6 +319,13 @@ def _fmt(c) -> str:
     if not isinstance(c, dict) or c.get("value") is None:
         return "—"
     return f"{c['value']:.2f} [{c['lo']:.2f}, {c['hi']:.2f}]"
+
+
+def _agree(a) -> str:
+    if not a or not a.get("n"):
+        return "—"
+    kappa = "undefined" if a["kappa"] is None else f"{a['kappa']:.2f}"
+    return f"{a['agreement']:.2f} (kappa {kappa}, n={a['n']})"
 
 
 def plot_asr(methods: dict, names: list[str], path) -> None:
@@ -395,16 +410,21 @@ def report_blocks(results: dict, out) -> list:
         for s in ("bare", *SPLITS):
             rrows.append([SPLIT_LABELS[s]] + [_fmt((r or {}).get("asr", {}).get(s)) for r in rub])
         rrows.append(["unparseable (all splits)"] + [str(sum((r or {}).get("unparseable", {}).values())) for r in rub])
-        rrows.append(["agreement with refusal judge"] + [
-            f"{r['agreement_with_refusal_judge']['agreement']:.2f} (kappa "
-            f"{r['agreement_with_refusal_judge']['kappa'] if r['agreement_with_refusal_judge']['kappa'] is None else round(r['agreement_with_refusal_judge']['kappa'], 2)}, "
-            f"n={r['agreement_with_refusal_judge']['n']})"
-            if r and r["agreement_with_refusal_judge"]["n"] else "—" for r in rub])
+        rrows.append(["agreement with refusal judge"] + [_agree((r or {}).get("agreement_with_refusal_judge"))
+                                                         for r in rub])
         blocks.append(("table", ["Split"] + [label(m) for m in names], rrows))
-    agree = results.get("judge_agreement")
-    if isinstance(agree, dict) and agree:
-        blocks.append(("h3", "Judge agreement (measured separately)"))
-        blocks.append(("table", ["Key", "Value"], [[k, str(v)] for k, v in agree.items()]))
+    sec = [methods[m].get("second_judge") for m in names]
+    if any(sec):
+        s0 = next(x for x in sec if x)
+        blocks.append(("h3", f"Second judge: {s0.get('judge')}"))
+        blocks.append(("p", "The stock AdvBench/HarmBench refusal list (any listed string anywhere in the answer) on "
+                            "the same answers: its ASR per split and how often it gives the refusal judge's label. "
+                            "It fires on answers that merely quote 'illegal' and misses refusals it does not list."))
+        srows = [[SPLIT_LABELS[s]] + [_fmt((x or {}).get("asr", {}).get(s)) for x in sec] for s in ("bare", *SPLITS)]
+        srows.append(["over-refusal, benign"] + [_fmt((x or {}).get("over_refusal")) for x in sec])
+        srows.append(["agreement with refusal judge"] + [_agree((x or {}).get("agreement_with_refusal_judge"))
+                                                         for x in sec])
+        blocks.append(("table", ["Split"] + [label(m) for m in names], srows))
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     plot_asr(methods, names, plots / "jailbreak_by_split.png")
