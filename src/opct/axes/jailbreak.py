@@ -209,7 +209,8 @@ def samples_of(items, responses, verdicts, per_split: int, seed: int, max_prompt
         idx = [i for i, it in enumerate(items) if it.split == s]
         pick = sorted(random.Random(f"samples:{s}:{seed}").sample(idx, min(per_split, len(idx))))
         out[s] = [{"id": items[i].id, "prompt": _clip(items[i].messages[-1]["content"], max_prompt_chars),
-                   "response": responses[i], "label": verdicts[i].label} for i in pick]
+                   "wrapper": items[i].wrapper, "request": items[i].request, "response": responses[i],
+                   "label": verdicts[i].label} for i in pick]
     return out
 
 
@@ -431,13 +432,15 @@ def report_blocks(results: dict, out) -> list:
     blocks.append(("img", "Attack success by split, adaptive attack, over-refusal",
                    "plots/jailbreak_by_split.png"))
     blocks.append(("h3", "Sample answers per split"))
-    blocks.append(("p", "A seeded pick of answers per split and method (prompt clipped to 300 characters), with the "
-                        "refusal judge's label, so a reader can see what 'refused' means here."))
+    blocks.append(("p", "A seeded pick of answers per split and method ([wrapper] request; the full prompts are in "
+                        "samples/<method>.jsonl), with the refusal judge's label, so a reader can see what 'refused' "
+                        "means here."))
     for s in ALL_SPLITS:
         srows = []
         for m in names:
             for x in (methods[m].get("samples") or {}).get(s, []):
-                srows.append([label(m), x["prompt"].replace("\n", " "), x["response"].replace("\n", " ")[:300],
+                shown = f"[{x['wrapper']}] {x['request']}" if x.get("wrapper") else x.get("request", x["prompt"])
+                srows.append([label(m), shown.replace("\n", " "), x["response"].replace("\n", " ")[:300],
                               x["label"]])
         if srows:
             blocks.append(("p", f"{SPLIT_LABELS[s]}:"))
