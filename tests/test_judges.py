@@ -251,3 +251,19 @@ def test_rubric_judge_on_a_tiny_local_model(tmp_path, monkeypatch):
     assert [x.label for x in v] == ["unparseable", "unparseable"] and all(isinstance(x.raw, str) for x in v)
     assert v == judge.judge(["how to X", "how to Y"], ["step 1", "no"])  # greedy: deterministic
     assert summarise(v)["unparseable"] == 2
+
+
+def test_constrained_rubric_judge_asks_for_the_official_layout(server, monkeypatch):
+    """constrained=True sends vLLM's structured_outputs regex; every text the regex admits parses, and the
+    official example output is admitted."""
+    import re
+
+    assert re.fullmatch(SR.FORMAT_REGEX, JUDGE_OUT.strip())
+    assert not re.fullmatch(SR.FORMAT_REGEX, JUDGE_OUT.strip().replace("2.b 4", "2.b 7"))
+    assert SR.parse(JUDGE_OUT.strip()) == {"refused": 0, "convincing": 4, "specific": 5}
+    monkeypatch.setattr(SR, "rubric", lambda: ("S", "{forbidden_prompt}|{response}"))
+    s = server([(200, completion(JUDGE_OUT))])
+    judge = SR.StrongRejectJudge.from_endpoint(s.url, "m", constrained=True)
+    assert judge.judge(["p"], ["r"])[0].score == 7 / 8
+    assert s.requests[0]["body"]["structured_outputs"] == {"regex": SR.FORMAT_REGEX}
+    assert judge.name == "strongreject:m:constrained"

@@ -158,9 +158,11 @@ AXIS = "axis options (each axis reads the ones it uses; an axis' own defaults ap
 class AxisOptions(ExecConfig):
     """Options of the axis data and evaluation, shared by `opct demo` and `opct eval` so both select the same
     items. An axis may change their defaults (`Axis.defaults`); a value you set (flag or --config YAML) wins."""
-    axis: str = opt("sycophancy", "the consistency axis: sycophancy or safety (opct.axes.AXES)", group=AXIS)
+    axis: str = opt("sycophancy", "the consistency axis: sycophancy, jailbreak (or safety) (opct.axes.AXES)",
+                    group=AXIS)
     source: str = opt(DEMO_SOURCE, "axis data source. sycophancy: questions (see opct.data.mcq.load_mcq), default "
-                      "the demo's mix; safety: facts (shipped), jsonl:<facts file> or hf:<dataset>[:<config>]:<split>",
+                      "the demo's mix; safety: facts (shipped), jsonl:<facts file> or hf:<dataset>[:<config>]:<split>; "
+                      "jailbreak: training behaviours (advbench, harmbench, strongreject, hf:..., a+b)",
                       group=AXIS)
     mode: str = opt("text", "sycophancy: how answers are asked for and read: letter (first reply token is the "
                     "option letter) or text (reply \"The answer is <option>\"; first token of each option's text)",
@@ -174,11 +176,24 @@ class AxisOptions(ExecConfig):
                          group=AXIS)
     judge: str = opt("keyword", "safety: who grades responses: keyword (each fact's keywords), llm (the SAGE rubric "
                      "through an OpenAI-compatible endpoint: --judge-url, --judge-model, key from "
-                     "$OPCT_JUDGE_API_KEY) or local (--judge-model: a local chat model)",
+                     "$OPCT_JUDGE_API_KEY) or local (--judge-model: a local chat model); jailbreak: the refusal "
+                     "judge always, llm adds the StrongREJECT rubric through --judge-url",
                      choices=["keyword", "llm", "local"], group=AXIS)
     judge_url: str = opt("", "safety, --judge llm: the endpoint's base URL, e.g. http://127.0.0.1:8000/v1", group=AXIS)
     judge_model: str = opt("", "safety, --judge llm/local: the judge model's name (llm) or alias/dir/Hub id (local)",
                            group=AXIS)
+    eval_source: str = opt("harmbench+strongreject", "jailbreak: evaluation behaviours (--source: training "
+                           "behaviours, default advbench); see opct.data.harmful.load_behaviours", group=AXIS)
+    pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour", group=AXIS)
+    n_benign: int = opt(24, "jailbreak: benign look-alike prompts for over-refusal (never trained on)", group=AXIS)
+    benign_share: float = opt(0.25, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
+                              "as target) in the SFT baseline's pairs; 0 = none", group=AXIS)
+    attack_samples: int = opt(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
+                              "held-out attempts", group=AXIS)
+    eval_max_new_tokens: int = opt(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
+                                   group=AXIS)
+    judge_constrained: bool = opt(False, "jailbreak, --judge llm: ask the server (vLLM) to decode the StrongREJECT "
+                                  "rubric's answer layout (for small judges that ignore it)", group=AXIS)
     max_new_tokens: int = opt(16, "response tokens: OPCT samples, SFT targets, and generated eval responses "
                               "(safety)", group=AXIS)
     seed: int = opt(0, "seed for the data split, perturbations and sampling", group=AXIS)
@@ -226,16 +241,18 @@ def validate(cfg):
     at_least = {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 1, "micro_batch": 1, "max_new_tokens": 1,
                 "top_k": 0, "lora_rank": 0, "warmup_steps": 0, "save_every": 0, "keep_checkpoints": 1,
                 "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "batch_size": 1,
-                "probe_every": 0, "probe_n": 1, "topk": 1}
+                "probe_every": 0, "probe_n": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
+                "attack_samples": 0, "eval_max_new_tokens": 1}
     for name, low in at_least.items():
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))
-    for name in ("heldout", "temperature", "top_p", "lr", "lora_alpha", "lora_dropout", "weight_decay", "grad_clip", "kl_coef",
+    for name in ("heldout", "benign_share", "temperature", "top_p", "lr", "lora_alpha", "lora_dropout", "weight_decay", "grad_clip", "kl_coef",
                  "kl_discount"):
         if hasattr(cfg, name):
             _check(math.isfinite(getattr(cfg, name)), name, "must be a finite number", getattr(cfg, name))
     checks = [("temperature", lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
               ("heldout", lambda v: 0 < v < 1, "must be in (0, 1)"),
+              ("benign_share", lambda v: 0 <= v < 1, "must be in [0, 1)"),
               ("top_p", lambda v: 0 < v <= 1, "must be in (0, 1]"),
               ("lr", lambda v: v > 0, "must be > 0"),
               ("lora_alpha", lambda v: v > 0, "must be > 0"),

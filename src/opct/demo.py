@@ -170,8 +170,8 @@ def run_demo(cfg: DemoConfig) -> Path:
             timed("train_sft", train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
                   probe_every=cfg.probe_every)
         else:
-            timed("train_opct", train, TrainConfig(out=str(out / "opct"), **common), pairs=data.train_pairs,
-                  probe=probe, probe_every=cfg.probe_every)
+            opct_cfg = dataclasses.replace(TrainConfig(out=str(out / "opct"), **common), **getattr(axis, "opct", {}))
+            timed("train_opct", train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
         stages.update()
         stages.set_postfix_str(f"evaluating {m}")
         results["methods"][m] = timed(f"eval_{m}", evaluate, m)

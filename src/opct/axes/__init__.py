@@ -11,6 +11,7 @@ import importlib
 AXES = {
     "sycophancy": "opct.axes.sycophancy:SycophancyAxis",
     "safety": "opct.axes.safety:SafetyAxis",
+    "jailbreak": "opct.axes.jailbreak:JailbreakAxis",
 }
 
 

@@ -33,14 +33,16 @@ def completions_url(url: str) -> str:
 
 def chat_completion(url: str, model: str, messages: list[dict], *, api_key_env: str = "OPCT_JUDGE_API_KEY",
                     temperature: float = 0.0, max_tokens: int = 512, timeout: float = 60.0, retries: int = 3,
-                    backoff: float = 1.0) -> str:
-    """The assistant text of one chat completion; `retries` extra attempts on transient failures."""
+                    backoff: float = 1.0, extra_body: dict | None = None) -> str:
+    """The assistant text of one chat completion; `retries` extra attempts on transient failures. `extra_body`:
+    server-specific request fields merged into the body (e.g. vLLM's {"structured_outputs": {"regex": ...}})."""
     target = completions_url(url)
     headers = {"Content-Type": "application/json"}
     key = os.environ.get(api_key_env)
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    body = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+    body = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
+            **(extra_body or {})}
     last = ""
     for attempt in range(retries + 1):
         if attempt:
