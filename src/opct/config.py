@@ -158,7 +158,7 @@ AXIS = "axis options (each axis reads the ones it uses; an axis' own defaults ap
 class AxisOptions(ExecConfig):
     """Options of the axis data and evaluation, shared by `opct demo` and `opct eval` so both select the same
     items. An axis may change their defaults (`Axis.defaults`); a value you set (flag or --config YAML) wins."""
-    axis: str = opt("sycophancy", "the consistency axis: sycophancy, jailbreak (or safety) (opct.axes.AXES)",
+    axis: str = opt("sycophancy", "the consistency axis: sycophancy, safety or jailbreak (opct.axes.AXES)",
                     group=AXIS)
     source: str = opt(DEMO_SOURCE, "axis data source. sycophancy: questions (see opct.data.mcq.load_mcq), default "
                       "the demo's mix; safety: facts (shipped), jsonl:<facts file> or hf:<dataset>[:<config>]:<split>; "
