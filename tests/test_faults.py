@@ -82,7 +82,7 @@ def reference(server, tiny_model_dir, pairs, tmp_path_factory):
 def test_kill_9_at_seeded_points_then_resume_equals_the_uninterrupted_run(server, reference, tiny_model_dir, pairs,
                                                                           tmp_path):
     """Per seed: kill -9 at a seeded event (before or in the middle of a write), resume and kill again at another,
-    then resume to the end. Each kill point is one of the ~40 writes and step starts of a 5-step run that
+    then resume to the end. Each kill point is one of the 42 writes and step starts of a 5-step run that
     checkpoints every step, so the seeds land in checkpoint files, manifests, renames, rotations and metrics."""
     ref, labels = reference
     events = len(labels)

@@ -420,6 +420,13 @@ def test_eval_on_directories_that_are_not_models(tmp_path, capsys, tiny_model_di
         assert code == 2 and str(d) in err and expect in err
 
 
+def test_empty_names_and_a_file_that_is_not_a_model(tmp_path, capsys, pairs):
+    assert cli(capsys, "eval", "--model", "")[1].endswith("option --model must name a model, got ''\n")
+    assert "option --out must name an output directory, got ' '" in cli(capsys, "train", "--out", " ")[1]
+    code, err, _ = cli(capsys, "eval", "--model", pairs)
+    assert code == 2 and f"{pairs}: is a file but not a .gguf model" in err
+
+
 def test_an_adapter_whose_base_is_gone(tmp_path, capsys, tiny_model_dir, pairs):
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)
@@ -457,3 +464,17 @@ def test_warnings_go_to_stderr_and_a_resume_without_checkpoint_says_so(tmp_path,
     code, err, stdout = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1", "--resume"))
     assert code == 0 and f"opct: {out}: no checkpoint yet; starting from step 0" in err and "no checkpoint" \
         not in stdout
+
+
+def test_an_interrupted_demo_says_it_did_not_finish(tmp_path, capsys, tiny_model_dir, monkeypatch):
+    import opct.algo.opct
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(opct.algo.opct, "train", interrupted)  # Ctrl-C while OPCT trains
+    out = tmp_path / "demo"
+    code, err, _ = cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, "--n-train", "6", "--n-eval", "4",
+                       "--cued-n", "2", "--steps", "1", "--methods", "opct", "--probe-every", "0", "--capability", "")
+    assert code == 130 and "opct: interrupted; the demo did not finish (no results.json): run it again with a new " \
+        "--out" in err
+    assert not (out / "results.json").exists()

@@ -223,6 +223,10 @@ def validate(cfg):
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
+    if hasattr(cfg, "model"):
+        _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)
+    if isinstance(cfg, (RunConfig, DemoConfig)):
+        _check(bool(cfg.out.strip()), "out", "must name an output directory", cfg.out)
     if hasattr(cfg, "betas"):
         parts = cfg.betas.split(",")
         try:

@@ -217,6 +217,8 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
         else:
             if not p.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
                 raise ModelError(f"{name}: no such model directory\n  {HINT}")
+            if p.is_file():
+                raise ModelError(f"{name}: is a file but not a .gguf model\n  {HINT}")
             if p.is_dir() and not (p / "config.json").is_file():
                 raise ModelError(f"{name}: not a model directory (no config.json or adapter_config.json)"
                                  + _model_dir_hint(p))
