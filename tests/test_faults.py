@@ -196,6 +196,43 @@ def test_disk_full_mid_final_save_stops_naming_the_path_and_resume_finishes(monk
     assert_same_run(reference[0], out)
 
 
+def test_disk_full_mid_metrics_row(monkeypatch, capsys, tiny_model_dir, pairs, reference, tmp_path):
+    out = tmp_path / "run"
+    real_open = Path.open
+    rows = {"n": 0}
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def open_(self, mode="r", *a, **kw):
+        f = real_open(self, mode, *a, **kw)
+        if self.name == "metrics.jsonl" and mode == "a":
+            rows["n"] += 1
+            if rows["n"] == 4:
+                return Full(f)
+        return f
+    monkeypatch.setattr(Path, "open", open_)
+    code, err = run_cli(capsys, argv(tiny_model_dir, pairs, out))
+    monkeypatch.undo()
+    assert code == 1 and "Traceback" not in err
+    assert f"{out / 'metrics.jsonl'}: could not be written (No space left on device" in err
+    assert "a cut-off last row is dropped by --resume" in err and not (out / "run.json").exists()
+    code, err = run_cli(capsys, argv(tiny_model_dir, pairs, out, "--resume"))
+    assert code == 0, err
+    assert_same_run(reference[0], out)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 8 MiB tmpfs (needs root and mount rights; skips otherwise)."""

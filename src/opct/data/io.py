@@ -31,7 +31,8 @@ class WriteError(RuntimeError):
     the writers that raise it leave nothing partial in that path's place."""
 
 
-def write_failure(path: Path, e: BaseException) -> WriteError | None:
+def write_failure(path: Path, e: BaseException, left_behind: str = "nothing partial was left in its place"
+                  ) -> WriteError | None:
     """The WriteError for `e`, raised while writing `path`, or None when `e` is not a failed write: any OSError is
     one; so is another library's error (torch.save and safetensors report a full disk without an errno) when the
     file system is then (nearly) full."""
@@ -46,7 +47,7 @@ def write_failure(path: Path, e: BaseException) -> WriteError | None:
     else:
         return None
     left = f"; {free / 2**20:.1f} MiB free there" if free is not None else ""
-    return WriteError(f"{path}: could not be written ({reason}{left}); nothing partial was left in its place")
+    return WriteError(f"{path}: could not be written ({reason}{left}); {left_behind}")
 
 
 FULL_BELOW = 1 << 20  # bytes free under which a failed write is taken to be a full disk

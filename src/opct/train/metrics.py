@@ -32,8 +32,8 @@ class MetricsLog:
         try:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-        except OSError as e:  # a full disk: the row may be cut short; a resume drops it with the steps after
-            raise write_failure(self.path, e) from e
+        except OSError as e:  # a full disk
+            raise write_failure(self.path, e, "a cut-off last row is dropped by --resume") from e
         if self.tb:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)):
