@@ -258,6 +258,21 @@ def test_a_moved_run_directory_resumes(tmp_path, capsys, tiny_model_dir, stopped
     assert [r["step"] for r in rows] == [1, 2, 3] and json.loads((out / "run.json").read_text())["steps"] == 3
 
 
+def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_one_before(tmp_path, capsys, tiny_model_dir,
+                                                                                 stopped):
+    out, pairs = stopped_run(stopped, tmp_path / "run")
+    f = out / "checkpoints" / "step-000002" / "optim.pt"
+    f.write_bytes(f.read_bytes()[:100])
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--save-every", "1",
+                                           "--resume"))
+    assert code == 0 and f"warning: {f}: missing, truncated or changed since the checkpoint was written; trying " \
+        "an older checkpoint" in err
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # steps 2 and 3 recomputed from the step-1 checkpoint
+    before = [json.loads(x) for x in (stopped[0] / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kl"], r["loss"]) for r in rows[:2]] == [(r["kl"], r["loss"]) for r in before[:2]]  # exact resume
+
+
 def test_resume_of_a_finished_run_and_a_second_writer_are_refused(tmp_path, capsys, tiny_model_dir, pairs):
     from opct.train.loop import acquire_lock
 

@@ -49,8 +49,8 @@ def seed_everything(seed: int) -> None:
 
 
 # Settings a resumed run may change; any other difference from the run's config.yaml is refused.
-RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite", "device",
-             "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "short_attention", "lora_node",
+RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite",
+             "device", "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "short_attention", "lora_node",
              "low_memory_norms", "prefill_reuse", "teacher_prefix_cache", "keys_only_last_layer", "keep_freed_memory",
              "huge_pages"}
 
