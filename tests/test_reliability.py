@@ -249,6 +249,13 @@ def test_resume_refuses_changed_settings(tmp_path, capsys, tiny_model_dir, stopp
         assert "resume with the same values or start a new --out" in err
 
 
+def test_a_directory_holding_only_a_lock_is_empty(tmp_path, capsys, tiny_model_dir, pairs):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").touch()  # a run killed right after taking its lock
+    assert cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1"))[0] == 0
+
+
 def test_a_moved_run_directory_resumes(tmp_path, capsys, tiny_model_dir, stopped):
     out, pairs = stopped_run(stopped, tmp_path / "moved")
     code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--save-every", "1",
