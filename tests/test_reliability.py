@@ -360,7 +360,9 @@ def test_adapters_name_their_base_by_a_name_that_loads_elsewhere(tmp_path, name,
 
 def test_a_trained_adapter_dir_is_what_eval_loads(tmp_path, capsys, tiny_model_dir, pairs):
     out = tmp_path / "run"
-    assert cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1"))[0] == 0
+    assert cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "2", "--save-every", "1"))[0] == 0
+    for f in [out / "model", *(out / "model").iterdir(), *(out / "checkpoints").rglob("*")]:
+        assert f.stat().st_mode & 0o777 == (0o755 if f.is_dir() else 0o644), f  # readable on a shared machine
     base = json.loads((out / "model" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == str(tiny_model_dir)  # a local path stays as typed
     code, err, stdout = cli(capsys, "eval", "--model", out / "model", "--n-eval", "4", "--cued-n", "2")

@@ -41,6 +41,8 @@ def atomic_dir(final: Path, write) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         write(tmp)
+        for f in (tmp, *tmp.rglob("*")):  # mkdtemp and safetensors create private modes; outputs are for reading
+            os.chmod(f, 0o755 if f.is_dir() else 0o644)
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.replace(final, old)
