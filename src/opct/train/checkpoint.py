@@ -79,7 +79,11 @@ def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Ge
     for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
         gone = old.with_name(f".{old.name}.old-{os.getpid()}")  # renamed first: a kill mid-delete leaves litter
         os.replace(old, gone)  # that remove_partial recognises, never a half-deleted checkpoint
-        shutil.rmtree(gone, ignore_errors=True)
+        try:
+            shutil.rmtree(gone, ignore_errors=True)
+        except BaseException:  # Ctrl-C mid-delete: finish it, then stop
+            shutil.rmtree(gone, ignore_errors=True)
+            raise
     return path
 
 
