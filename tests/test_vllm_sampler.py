@@ -231,3 +231,38 @@ def test_opct_train_with_the_vllm_sampler_logs_kl_and_a_small_gap(model_dir, tmp
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["kl"] == r["kl"] and r["sampler_logp_gap"] < 1e-4 for r in rows)
     assert json.loads((out / "run.json").read_text())["execution"]["sampler"] == "VLLMSampler"
+
+
+def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
+    """`torchrun --nproc-per-node 2 -m opct train --sampler vllm` on this CPU: each rank has its own engine and
+    samples its half of the step's prompts with the request seeds one process would use, so the per-step metrics
+    match a single-process run (up to fp32 batch-composition noise)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pairs = Path(__file__).parent.parent / "examples" / "pairs.jsonl"
+    args = ["train", "--model", "smollm2-135m-instruct", "--pairs", str(pairs), "--steps", "2",
+            "--prompts-per-step", "4", "--micro-batch", "4", "--max-new-tokens", "12", "--lora-rank", "8",
+            "--save-every", "0", "--no-tensorboard", "--sampler", "vllm", "--backend", "hf", "--device", "cpu",
+            "--threads", "1", "--vllm-kv-cache-gib", "0.5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    for cmd in ([sys.executable, "-m", "opct", *args, "--out", str(one)],
+                [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                 "--master-port", str(port), "-m", "opct", *args, "--out", str(two)]):
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+        assert p.returncode == 0, p.stderr[-3000:]
+    a = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    assert len(a) == len(b) == 2
+    for x, y in zip(a, b):
+        assert y["sampler_logp_gap"] < 1e-4
+        assert y["response_tokens"] == x["response_tokens"]
+        for k in ("loss", "kl", "logp_student", "logp_teacher", "grad_norm"):
+            assert y[k] == pytest.approx(x[k], rel=1e-3, abs=1e-4), k
+    assert json.loads((two / "run.json").read_text())["execution"]["processes"] == 2

@@ -30,7 +30,8 @@ def cmd_train(args) -> None:
     from opct.algo.opct import train
 
     out = train(cfg)
-    print(f"opct: done -> {out}/model (metrics: {out}/metrics.jsonl)")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
+        print(f"opct: done -> {out}/model (metrics: {out}/metrics.jsonl)")
 
 
 def cmd_sft(args) -> None:
@@ -39,7 +40,8 @@ def cmd_sft(args) -> None:
     from opct.algo.sft import train_sft
 
     out = train_sft(cfg)
-    print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
 
 
 def check_output_file(path: str, option: str) -> None:
@@ -207,10 +209,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from opct.judges.safety import JudgeError
     from opct.models import ModelError
     from opct.train.checkpoint import CheckpointError
+    from opct.train.distributed import DistributedError
     from opct.train.loop import RunError
 
     return (config.ConfigError, PairsError, ModelError, RunError, McqError, BackendError, CheckpointError,
-            TaskError, OfflineTaskError, HarmfulDataError, SafetyDataError, JudgeError, FileNotFoundError)
+            DistributedError, TaskError, OfflineTaskError, HarmfulDataError, SafetyDataError, JudgeError,
+            FileNotFoundError)
 
 
 if __name__ == "__main__":

@@ -115,8 +115,13 @@ class RunConfig(ExecConfig):
                        "127.0.0.1). Needs vllm installed (see .ci/vllm)", choices=["policy", "vllm", "vllm-server"])
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL (empty = start one)")
     vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: GiB reserved for its KV cache")
+    vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
+                                 "(weights + KV cache); training gets the rest")
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
                          "the update (logged as skipped)", choices=["stop", "skip"])
+    parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
+                        "weights sharded over processes (FSDP2); auto = ddp (one process: nothing)",
+                        choices=["auto", "ddp", "fsdp"])
 
 
 @dataclass
@@ -219,7 +224,8 @@ def validate(cfg):
               ("weight_decay", lambda v: v >= 0, "must be >= 0"),
               ("grad_clip", lambda v: v >= 0, "must be >= 0 (0 = off)"),
               ("kl_coef", lambda v: v > 0, "must be > 0"),
-              ("kl_discount", lambda v: 0 <= v <= 1, "must be in [0, 1]")]
+              ("kl_discount", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+              ("vllm_gpu_memory", lambda v: 0 < v <= 1, "must be in (0, 1]")]
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))

@@ -50,7 +50,8 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     t0 = time.perf_counter()
     rollout = policy.sample(prompts_s, SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k),
                             gen)
-    n_tokens = rollout.n_tokens  # one normaliser for every micro-batch: accumulation == one big batch
+    # one normaliser for every micro-batch and every data-parallel replica: the update is one big batch's
+    n_tokens = policy.replicas.sum(rollout.n_tokens)
     parts = rollout.parts(cfg.micro_batch)
 
     # 2. the frozen teacher scores the same tokens after the clean prompt
@@ -62,8 +63,8 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     t2 = time.perf_counter()
     sums = {"loss": 0.0, "kl": 0.0, "logp_student": 0.0, "logp_teacher": 0.0}
     gap = 0.0  # |sampler's log-prob - trainer's|, summed over tokens, when the sampler reports log-probs
-    for (c, part), t in zip(parts, teacher_scores):
-        s = policy.score(part.prompts, part, grad=True, hidden=exact)
+    for i, ((c, part), t) in enumerate(zip(parts, teacher_scores)):
+        s = policy.score(part.prompts, part, grad=True, hidden=exact, sync=i == len(parts) - 1)
         loss, kl = consistency_loss(cfg, s, t)
         (loss / n_tokens).backward()
         sums["loss"] += float(loss.detach())
@@ -75,13 +76,16 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
                        for a, b in zip(row_s, row_v))
     t3 = time.perf_counter()
 
-    row = {k: v / n_tokens for k, v in sums.items()}
-    if rollout.sampler_logp is not None:
-        row["sampler_logp_gap"] = gap / n_tokens
-    row.update(response_len=n_tokens / len(rollout.responses), response_tokens=n_tokens,
-               prompt_tokens=sum(map(len, prompts_s)), teacher_prompt_tokens=sum(map(len, prompts_t)),
-               decode_steps=max(map(len, rollout.responses)),
-               distinct_responses=len(set(map(tuple, rollout.responses))) / len(rollout.responses),
+    sums["sampler_logp_gap"] = gap
+    row = {k: v / n_tokens for k, v in policy.replicas.sum(sums).items()}
+    if rollout.sampler_logp is None:
+        del row["sampler_logp_gap"]
+    responses = policy.replicas.gather(rollout.responses)  # the global batch's
+    prompt_tokens = policy.replicas.sum({"s": sum(map(len, prompts_s)), "t": sum(map(len, prompts_t))})
+    row.update(response_len=n_tokens / len(responses), response_tokens=n_tokens,
+               prompt_tokens=int(prompt_tokens["s"]), teacher_prompt_tokens=int(prompt_tokens["t"]),
+               decode_steps=max(map(len, responses)),
+               distinct_responses=len(set(map(tuple, responses))) / len(responses),
                time_sample=t1 - t0, time_teacher=t2 - t1, time_student=t3 - t2, **rollout.stats)
     return row
 
@@ -94,8 +98,10 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
     bar = loop.steps(run, "opct", show_progress)
     for step in bar:
         idx = loop.data_order(len(run.rendered), cfg.seed, step * cfg.prompts_per_step, cfg.prompts_per_step)
+        # this process's share of the step's pairs (all of them in one process) and its sampling generator
+        batch, gen = loop.share(run, [run.rendered[i] for i in idx], cfg.samples_per_prompt)
         # 1-3: sample, teacher scores, student forward/backward
-        row = opct_step(run.policy, [run.rendered[i] for i in idx], run.cfg, run.gen)
+        row = opct_step(run.policy, batch, run.cfg, gen)
         # 4: optimizer step
         row.update(loop.optimizer_step(run, step, row["loss"]))
         loop.end_step(run, step, row, probe, probe_every, bar, show_progress)

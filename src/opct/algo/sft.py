@@ -37,25 +37,28 @@ def make_targets(run: loop.Run, cfg: SFTConfig) -> list[tuple[list[int], list[in
             for t, r in zip(chunk, frozen.sample([list(t) for t in chunk], settings, run.gen).responses):
                 answers[t].append(r)
     examples = [(s, r) for s, t in run.rendered for r in answers[tuple(t)]]
-    atomic_write(path, "".join(json.dumps([s, r]) + "\n" for s, r in examples))
+    if run.replicas.is_main:  # every data-parallel rank made the same targets (same generator); rank 0 writes
+        atomic_write(path, "".join(json.dumps([s, r]) + "\n" for s, r in examples))
     return examples
 
 
 def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_batch: int) -> dict:
     """One optimizer step's forward/backward work: summed negative log-likelihood of the targets after the
     student prompts, divided by the step's total target-token count."""
-    n_tokens = sum(len(r) for _, r in batch)
+    n_tokens = policy.replicas.sum(sum(len(r) for _, r in batch))  # over data-parallel replicas too
     t0 = time.perf_counter()
     total = 0.0
-    for c in range(0, len(batch), micro_batch):
+    starts = range(0, len(batch), micro_batch)
+    for c in starts:
         mb = batch[c:c + micro_batch]
         prompts = [s for s, _ in mb]
-        scores = policy.score(prompts, Rollout(prompts, [r for _, r in mb]), grad=True)
+        scores = policy.score(prompts, Rollout(prompts, [r for _, r in mb]), grad=True, sync=c == starts[-1])
         nll = -scores.logp_NT.sum()
         (nll / n_tokens).backward()
         total += float(nll.detach())
-    return {"loss": total / n_tokens, "response_len": n_tokens / len(batch), "response_tokens": n_tokens,
-            "time_student": time.perf_counter() - t0}
+    n_seq = policy.replicas.sum(len(batch))
+    return {"loss": policy.replicas.sum(total) / n_tokens, "response_len": n_tokens / n_seq,
+            "response_tokens": n_tokens, "time_student": time.perf_counter() - t0}
 
 
 def train_sft(cfg: SFTConfig, pairs: list[ConsistencyPair] | None = None, probe=None, probe_every: int = 0,
@@ -68,7 +71,8 @@ def train_sft(cfg: SFTConfig, pairs: list[ConsistencyPair] | None = None, probe=
     bar = loop.steps(run, "sft", show_progress)
     for step in bar:
         idx = loop.data_order(len(examples), cfg.seed, step * per_step, per_step)
-        row = sft_step(run.policy, [examples[i] for i in idx], cfg.micro_batch)
+        batch, _ = loop.share(run, [examples[i] for i in idx])  # this process's share (all of it in one process)
+        row = sft_step(run.policy, batch, cfg.micro_batch)
         row.update(loop.optimizer_step(run, step, row["loss"]))
         loop.end_step(run, step, row, probe, probe_every, bar, show_progress)
     return loop.save_final(run, {"targets_seconds": targets_s, "examples": len(examples)})

@@ -7,6 +7,7 @@ behind them. A backend is a Policy subclass (`hf`: plain transformers + PEFT; `c
     policy.score(prompts_N, rollout, grad=...) -> Scores       log-probs of the rollout's tokens after prompts_N
     with policy.teacher() as teacher: teacher.score(...)       the same, by the frozen initial model
     policy.after_step()                                        after each optimizer step (weight sync; no-op here)
+    policy.replicas.sum(x)                                     x summed over data-parallel processes (x alone)
 
 Shape letters: N sequences (prompts x samples), T response positions, H hidden size, V vocabulary.
 """
@@ -20,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from opct.backends.sampling import SamplingSettings
+from opct.train.distributed import SINGLE, Replicas
 
 
 @dataclass
@@ -67,11 +69,15 @@ class Policy:
     pad_id: int
     eos_ids: set[int]
     device: torch.device
+    replicas: Replicas = SINGLE  # the data-parallel processes this one belongs to (train/distributed.py)
 
     def sample(self, prompts_N: list[list[int]], settings: SamplingSettings, gen: torch.Generator) -> Rollout:
         raise NotImplementedError
 
-    def score(self, prompts_N: list[list[int]], rollout: Rollout, *, grad: bool, hidden: bool = False) -> Scores:
+    def score(self, prompts_N: list[list[int]], rollout: Rollout, *, grad: bool, hidden: bool = False,
+              sync: bool = True) -> Scores:
+        """`sync`: with data-parallel replicas, whether this score's backward exchanges gradients (False for all
+        but a step's last micro-batch)."""
         raise NotImplementedError
 
     def teacher(self) -> AbstractContextManager[Policy]:

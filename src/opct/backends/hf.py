@@ -52,13 +52,16 @@ def logit_quirks(model) -> bool:
                 or getattr(cfg, "logits_scaling", None) not in (None, 1.0))
 
 
-def response_hidden(model, batch: Batch) -> torch.Tensor:
-    """Final hidden states predicting each response token: hidden_NTH (position t predicts response_NT[:, t])."""
+def response_hidden(model, batch: Batch, replica=None) -> torch.Tensor:
+    """Final hidden states predicting each response token: hidden_NTH (position t predicts response_NT[:, t]).
+    With a data-parallel `replica` (train/distributed.py) the body runs through it, where DDP / FSDP2 hook in."""
     T = batch.response_BT.shape[1]
+    kw = dict(input_ids=batch.input_ids_BL, attention_mask=batch.attention_mask_BL,
+              position_ids=batch.position_ids_BL, use_cache=False)
+    if replica is not None:
+        return replica(part="body", **kw)[:, -T - 1:-1]
     body, _ = lm_parts(model)
-    out = body(input_ids=batch.input_ids_BL, attention_mask=batch.attention_mask_BL,
-               position_ids=batch.position_ids_BL, use_cache=False)
-    return out.last_hidden_state[:, -T - 1:-1]
+    return body(**kw).last_hidden_state[:, -T - 1:-1]
 
 
 def chunked_token_logprobs(logits_fn, hidden_NTH: torch.Tensor, tokens_NT: torch.Tensor,
@@ -86,6 +89,7 @@ class HFPolicy(Policy):
         self.device = next(model.parameters()).device
         self.frozen = Teacher(model)  # before any update: the frozen initial model
         self.is_teacher = False
+        self.replica = None  # the DDP / FSDP2-wrapped module every forward runs through, when data-parallel
 
     # -- the seam ------------------------------------------------------------------------------------------------
 
@@ -98,8 +102,12 @@ class HFPolicy(Policy):
         self.model.train(was_training)
         return Rollout(prompts_N, responses, stats={"decode_seconds": time.perf_counter() - t0})
 
-    def score(self, prompts_N, rollout: Rollout, *, grad: bool, hidden: bool = False) -> Scores:
+    def score(self, prompts_N, rollout: Rollout, *, grad: bool, hidden: bool = False, sync: bool = True) -> Scores:
         b = build_batch(prompts_N, rollout.responses, self.pad_id, self.device)
+        if grad and self.replica is not None:
+            from opct.train.distributed import set_grad_sync
+
+            set_grad_sync(self.replica, sync)
         with torch.set_grad_enabled(grad):
             h_NTH = self._hidden(prompts_N, rollout, b, grad)
             logp_NT = self._logprobs(h_NTH, b.response_BT)
@@ -111,6 +119,8 @@ class HFPolicy(Policy):
         with self.frozen() as frozen_model:
             view = copy.copy(self)
             view.model, view.is_teacher = frozen_model, True
+            if not self.frozen.shared:  # a separate frozen copy: not the data-parallel module
+                view.replica = None
             yield view
 
     # -- what subclasses change ------------------------------------------------------------------------------------
@@ -118,15 +128,16 @@ class HFPolicy(Policy):
     def _generate(self, prompts_N, settings, gen) -> list[list[int]]:
         ids_NL, mask_NL, pos_NL = left_pad(prompts_N, self.pad_id, self.device)
         cache = DynamicCache()
-        out = self.model(input_ids=ids_NL, attention_mask=mask_NL, position_ids=pos_NL, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+        lm = self.model if self.replica is None else lambda **kw: self.replica(part="lm", **kw)
+        out = lm(input_ids=ids_NL, attention_mask=mask_NL, position_ids=pos_NL, past_key_values=cache,
+                 use_cache=True, logits_to_keep=1)
         state = {"mask": mask_NL, "pos": pos_NL[:, -1]}
 
         def step(tok_N, i):
             state["pos"] = state["pos"] + 1
             state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((len(prompts_N), 1))], dim=1)
-            o = self.model(input_ids=tok_N[:, None], attention_mask=state["mask"], position_ids=state["pos"][:, None],
-                           past_key_values=cache, use_cache=True)
+            o = lm(input_ids=tok_N[:, None], attention_mask=state["mask"], position_ids=state["pos"][:, None],
+                   past_key_values=cache, use_cache=True)
             return o.logits[:, -1]
 
         return decode_loop(out.logits[:, -1], step, settings, self.eos_ids, self.pad_id, gen)
@@ -134,7 +145,7 @@ class HFPolicy(Policy):
     def _hidden(self, prompts_N, rollout, batch: Batch, grad: bool) -> torch.Tensor:
         if grad:
             self.model.train()
-        return response_hidden(self.model, batch)
+        return response_hidden(self.model, batch, self.replica)
 
     def _logprobs(self, h_NTH, tokens_NT) -> torch.Tensor:
         return chunked_token_logprobs(lambda h: head_logits(self.model, h).float(), h_NTH, tokens_NT)

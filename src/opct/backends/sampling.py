@@ -39,10 +39,23 @@ def next_token(logits_BV: torch.Tensor, s: SamplingSettings, generator: torch.Ge
     # vocabulary entry instead, a far larger cost per step on a CPU. The uniforms come from the (CPU) generator
     # whatever the logits' device, so a seed gives the same draws everywhere.
     cdf_BV = logits_BV.softmax(-1).double().cumsum(-1)
-    u_B1 = torch.rand(cdf_BV.shape[0], 1, dtype=torch.float64, generator=generator).to(cdf_BV.device)
+    u_B1 = uniforms(generator, cdf_BV.shape[0]).to(cdf_BV.device)
     u_B1 = u_B1 * cdf_BV[:, -1:]
     # right=True: the first entry whose cdf exceeds u, so zero-probability tokens (flat cdf) are never picked.
     return torch.searchsorted(cdf_BV, u_B1, right=True).squeeze(-1).clamp_(max=cdf_BV.shape[-1] - 1)
+
+
+def uniforms(generator, B: int) -> torch.Tensor:
+    """B uniforms in float64, shape (B, 1): from a torch.Generator, or from a rank's share of a distributed batch's
+    draws (train/distributed.py ShardDraws)."""
+    if hasattr(generator, "uniforms"):
+        return generator.uniforms(B)
+    return torch.rand(B, 1, dtype=torch.float64, generator=generator)
+
+
+def all_done(generator, done: bool) -> bool:
+    """Whether decoding may stop: this batch is done and, in a distributed step, so is every other rank's."""
+    return generator.all_done(done) if hasattr(generator, "all_done") else done
 
 
 def decode_loop(first_logits_BV: torch.Tensor, step: Callable[[torch.Tensor, int], torch.Tensor],
@@ -63,7 +76,7 @@ def decode_loop(first_logits_BV: torch.Tensor, step: Callable[[torch.Tensor, int
         for r in (~done_B).nonzero().flatten().tolist():
             responses[r].append(toks[r])
         done_B |= torch.isin(tok_B, eos_V)
-        if i + 1 == settings.max_new_tokens or bool(done_B.all()):
+        if i + 1 == settings.max_new_tokens or all_done(generator, bool(done_B.all())):
             break  # the last token needs no forward pass: its logits would never be sampled from
         logits_BV = step(tok_B, i)
     return responses

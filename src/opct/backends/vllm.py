@@ -10,7 +10,9 @@ trainer's (`sampler_logp_gap`, mean |delta| per token), the precision mismatch a
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -28,14 +30,17 @@ class VLLMPolicy(Policy):
         self.sync_seconds = sampler.sync(self.model, 0)  # vLLM serves the base weights until the first sync
 
     def sample(self, prompts_N, settings, gen) -> Rollout:
-        seed = int(torch.randint(2 ** 31, (1,), generator=gen))  # per-request seeds derive from it
+        # a data-parallel rank's share of the draws (train/distributed.py ShardDraws): the run's generator, and
+        # the global index of this rank's first row
+        base, first = (gen.gen, gen.lo) if hasattr(gen, "lo") else (gen, 0)
+        seed = int(torch.randint(2 ** 31, (1,), generator=base))  # per-request seeds derive from it
         t0 = time.perf_counter()
-        responses, logp = self.sampler.sample(prompts_N, settings, seed)
+        responses, logp = self.sampler.sample(prompts_N, settings, seed, first)
         return Rollout(prompts_N, responses, sampler_logp=logp,
                        stats={"decode_seconds": time.perf_counter() - t0, "sync_seconds": self.sync_seconds})
 
-    def score(self, prompts_N, rollout, *, grad, hidden=False):
-        return self.inner.score(prompts_N, rollout, grad=grad, hidden=hidden)
+    def score(self, prompts_N, rollout, *, grad, hidden=False, sync=True):
+        return self.inner.score(prompts_N, rollout, grad=grad, hidden=hidden, sync=sync)
 
     def teacher(self):
         return self.inner.teacher()
@@ -53,16 +58,41 @@ class VLLMPolicy(Policy):
 
 
 def make_sampler(cfg, eos_ids):
-    """The vLLM sampler a config asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU)."""
+    """The vLLM sampler a config asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU).
+    On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
+    device: under torchrun each rank has its own engine on its own GPU."""
     from opct.backends import resolve
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
 
-    _, dtype, _ = resolve(cfg)
+    device, dtype, _ = resolve(cfg)
     kw = dict(dtype=str(dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
               kv_cache_gib=cfg.vllm_kv_cache_gib)
+    on_gpu = device.type == "cuda"
+    gpu = str(torch.cuda.current_device()) if on_gpu else None
     if cfg.sampler == "vllm":
-        return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw)
+        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory} if on_gpu else {}
+        with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
+            return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
     if cfg.vllm_url:
         return VLLMServerSampler(eos_ids, url=cfg.vllm_url, lora_rank=cfg.lora_rank)
-    return VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), **kw)
+    extra_args = ("--gpu-memory-utilization", str(cfg.vllm_gpu_memory)) if on_gpu else ()
+    with visible_device(gpu):
+        return VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
+
+
+@contextmanager
+def visible_device(index: str | None):
+    """CUDA_VISIBLE_DEVICES set to `index` while a vLLM engine or server process is started (nothing on a CPU)."""
+    if index is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = index if before is None else before.split(",")[int(index)]
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before

@@ -170,12 +170,14 @@ class VLLMSampler(_Closing):
                               max_tokens=settings.max_new_tokens, seed=seed, stop_token_ids=self.eos_ids,
                               logprobs=0, detokenize=False, skip_special_tokens=False, **kw)
 
-    def sample(self, prompts_N: list[list[int]], settings, seed: int) -> tuple[list[list[int]], list[list[float]]]:
+    def sample(self, prompts_N: list[list[int]], settings, seed: int,
+               first: int = 0) -> tuple[list[list[int]], list[list[float]]]:
         """One completion per prompt under `settings`. Returns (responses, sampler_logp): token ids (EOS included
-        when produced) and vLLM's raw log-prob of each."""
+        when produced) and vLLM's raw log-prob of each. `first`: the global index of prompts_N[0] (a data-parallel
+        rank's share), so each prompt's request seed is the one a single process would give it."""
         from vllm.inputs import TokensPrompt
 
-        params = [self._params(settings, request_seed(seed, i)) for i in range(len(prompts_N))]
+        params = [self._params(settings, request_seed(seed, first + i)) for i in range(len(prompts_N))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts_N], params,
                                  lora_request=self.lora_request, use_tqdm=False)
         responses, logps = [], []
@@ -316,11 +318,12 @@ class VLLMServerSampler(_Closing):
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(bodies))) as ex:
             return [r["choices"][0] for r in ex.map(lambda b: self._post("/v1/completions", b), bodies)]
 
-    def sample(self, prompts_N: list[list[int]], settings, seed: int) -> tuple[list[list[int]], list[list[float]]]:
+    def sample(self, prompts_N: list[list[int]], settings, seed: int,
+               first: int = 0) -> tuple[list[list[int]], list[list[float]]]:
         """As `VLLMSampler.sample`, through the server."""
         bodies = [{"model": self.served, "prompt": list(p), "max_tokens": settings.max_new_tokens,
                    "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k,
-                   "seed": request_seed(seed, i), "stop_token_ids": self.eos_ids, "logprobs": 0,
+                   "seed": request_seed(seed, first + i), "stop_token_ids": self.eos_ids, "logprobs": 0,
                    "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False}
                   for i, p in enumerate(prompts_N)]
         responses, logps = [], []

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from opct.data.io import sha256_file, write_failure
+from opct.train import distributed
 
 MANIFEST = "manifest.json"
 
@@ -59,19 +60,24 @@ def atomic_dir(final: Path, write) -> Path:
     return final
 
 
-def trainable_state(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Generator, keep: int = 2,
+         replica=None, replicas: distributed.Replicas = distributed.SINGLE) -> Path | None:
+    """Every data-parallel rank calls this (FSDP2 shards are gathered); rank 0 writes. Returns the path (rank 0)."""
+    trainable = distributed.trainable_state(model)
+    optim = distributed.optimizer_state(optimizer, replica)
+    if not replicas.is_main:
+        replicas.barrier()  # the checkpoint exists when every rank returns
+        return None
 
-
-def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Generator, keep: int = 2) -> Path:
     def write(d: Path):
-        save_file(trainable_state(model), str(d / "trainable.safetensors"))
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, d / "optim.pt")
+        save_file({n: t.cpu() for n, t in trainable.items()}, str(d / "trainable.safetensors"))
+        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict()}, d / "optim.pt")
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         torch.save({"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos,
                                                            has_gauss, gauss],
                     "torch": torch.get_rng_state(), "sample": sample_gen.get_state()}, d / "rng.pt")
-        (d / "state.json").write_text(json.dumps({"step": step}))
+        (d / "state.json").write_text(json.dumps({"step": step, "processes": replicas.world,
+                                                  "parallel": replicas.mode}))
         (d / MANIFEST).write_text(json.dumps({f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
                                               for f in sorted(d.iterdir())}))  # last: it vouches for the rest
 
@@ -84,6 +90,7 @@ def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Ge
         except BaseException:  # Ctrl-C mid-delete: finish it, then stop
             shutil.rmtree(gone, ignore_errors=True)
             raise
+    replicas.barrier()
     return path
 
 
@@ -132,20 +139,24 @@ def _load_plain(path: Path) -> dict:
                               "opct never loads files that could execute code") from None
 
 
-def load(path: Path, model, optimizer, scheduler, sample_gen: torch.Generator) -> int:
+def load(path: Path, model, optimizer, scheduler, sample_gen: torch.Generator, replica=None,
+         replicas: distributed.Replicas = distributed.SINGLE) -> int:
     """Restore a checkpoint in place (after checking it against its manifest); returns the step it was taken
-    after."""
+    after. A checkpoint written by another number of processes or another --parallel mode is refused."""
     verify(path)
+    info = json.loads((path / "state.json").read_text())
+    was = (info.get("processes", 1), info.get("parallel", "none"))
+    if was != (replicas.world, replicas.mode):
+        raise CheckpointError(f"{path}: written by {was[0]} process(es) ({was[1]}), resumed with {replicas.world} "
+                              f"({replicas.mode}); resume with the same torchrun --nproc-per-node and --parallel")
     state = load_file(str(path / "trainable.safetensors"))
     params = dict(model.named_parameters())
     missing = [n for n in state if n not in params]
     if missing:
         raise CheckpointError(f"{path}: checkpoint does not match the model (e.g. {missing[0]})")
-    with torch.no_grad():
-        for n, t in state.items():
-            params[n].copy_(t)
+    distributed.load_trainable(model, state)
     opt = _load_plain(path / "optim.pt")
-    optimizer.load_state_dict(opt["optimizer"])
+    distributed.load_optimizer(optimizer, replica, opt["optimizer"])
     scheduler.load_state_dict(opt["scheduler"])
     rng = _load_plain(path / "rng.pt")
     random.setstate(_tuples(rng["python"]))
@@ -153,7 +164,7 @@ def load(path: Path, model, optimizer, scheduler, sample_gen: torch.Generator) -
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(rng["torch"])
     sample_gen.set_state(rng["sample"])
-    return json.loads((path / "state.json").read_text())["step"]
+    return info["step"]
 
 
 def _tuples(x):

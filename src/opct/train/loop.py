@@ -34,7 +34,7 @@ from opct.config import RunConfig, apply_env_overrides, to_yaml, validate
 from opct.data.io import atomic_write, write_json
 from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
 from opct.models import add_lora, load_model
-from opct.train import checkpoint
+from opct.train import checkpoint, distributed
 from opct.train.metrics import MetricsLog, peak_rss_mb
 
 
@@ -52,7 +52,7 @@ def seed_everything(seed: int) -> None:
 RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite",
              "device", "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "short_attention", "lora_node",
              "low_memory_norms", "prefill_reuse", "teacher_prefix_cache", "keys_only_last_layer", "keep_freed_memory",
-             "huge_pages"}
+             "huge_pages", "vllm_gpu_memory", "vllm_kv_cache_gib"}
 
 
 def check_out_dir(cfg: RunConfig) -> Path:
@@ -98,7 +98,7 @@ def acquire_lock(out: Path):
     return f
 
 
-def resume_from(out: Path, model, optimizer, scheduler, gen, steps: int) -> int:
+def resume_from(out: Path, policy: Policy, optimizer, scheduler, gen, steps: int) -> int:
     """Load the newest checkpoint whose files match its manifest (a truncated newest one is skipped with a warning);
     0 when the run was killed before its first checkpoint. A file that is whole but would run code is refused,
     never skipped; so is a checkpoint beyond --steps."""
@@ -112,7 +112,8 @@ def resume_from(out: Path, model, optimizer, scheduler, gen, steps: int) -> int:
         except checkpoint.CheckpointError as e:
             tqdm.write(f"opct: warning: {e}; trying an older checkpoint", file=sys.stderr)
             continue
-        start = checkpoint.load(path, model, optimizer, scheduler, gen)
+        start = checkpoint.load(path, policy.model, optimizer, scheduler, gen, getattr(policy, "replica", None),
+                                policy.replicas)
         if start > steps:
             raise RunError(f"{out}: the checkpoint is at step {start}, beyond --steps {steps}; pass --steps >= {start}")
         return start
@@ -173,7 +174,8 @@ class Run:
     log: MetricsLog
     provenance: dict  # what run.json records about where and how it ran
     t_start: float
-    lock: object  # the open, locked out/.lock
+    lock: object  # the open, locked out/.lock (rank 0)
+    replicas: distributed.Replicas = distributed.SINGLE  # the data-parallel processes (train/distributed.py)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -186,7 +188,11 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     t_start = time.perf_counter()
     cfg, env = apply_env_overrides(validate(cfg))
     device, dtype, backend = backends.resolve(cfg)
+    replicas, device = distributed.init(device, cfg.parallel)
+    if replicas.world > 1:
+        backend = check_distributed(cfg, replicas, backend)
     out = check_out_dir(cfg)
+    replicas.barrier()  # every rank has checked the directory before rank 0 writes to it
     if pairs is None:
         if not cfg.pairs:
             raise RunError("no pairs: pass --pairs FILE.jsonl")
@@ -209,24 +215,64 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
         model.requires_grad_(True)
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
                                   lora_dropout=cfg.lora_dropout)
+    if replicas.world > 1:
+        trainer = getattr(policy, "inner", policy)  # under a vLLM sampler, the policy that scores
+        trainer.replica = distributed.wrap(model, replicas, device)
+        policy.replicas = trainer.replicas = replicas
     params = [p for p in model.parameters() if p.requires_grad]
     betas = tuple(float(x) for x in cfg.betas.split(","))
-    # PyTorch's fused AdamW kernel where it has one (one kernel for all parameters, clipping included).
-    fused_adamw = all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
-                      for p in params)
+    # PyTorch's fused AdamW kernel where it has one (one kernel for all parameters, clipping included); FSDP2's
+    # sharded parameters take the default implementation.
+    fused_adamw = replicas.mode != "fsdp" and all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in params)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay, fused=fused_adamw)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    lock = acquire_lock(out)
+    lock = acquire_lock(out) if replicas.is_main else None
     start = 0
     if cfg.resume:
-        checkpoint.remove_partial(out)
-        start = resume_from(out, model, optimizer, scheduler, gen, cfg.steps)
-    atomic_write(out / "config.yaml", to_yaml(cfg))
-    log = MetricsLog(out, resume_step=start, tensorboard=cfg.tensorboard)
-    provenance = {**policy.describe(), "env_overrides": env, **versions()}
-    return Run(cfg, out, policy, rendered, params, optimizer, scheduler, gen, start, log, provenance, t_start, lock)
+        if replicas.is_main:
+            checkpoint.remove_partial(out)
+        replicas.barrier()
+        start = resume_from(out, policy, optimizer, scheduler, gen, cfg.steps)
+    if replicas.is_main:
+        atomic_write(out / "config.yaml", to_yaml(cfg))
+    log = MetricsLog(out, resume_step=start, tensorboard=cfg.tensorboard) if replicas.is_main else NullLog()
+    provenance = {**policy.describe(), "env_overrides": env, **versions(),
+                  **({"processes": replicas.world, "parallel": replicas.mode} if replicas.world > 1 else {})}
+    return Run(cfg, out, policy, rendered, params, optimizer, scheduler, gen, start, log, provenance, t_start, lock,
+               replicas)
+
+
+class NullLog:
+    """Metrics of a rank other than 0: logged numbers are already summed over ranks, and rank 0 writes them."""
+
+    def log(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, backend: str) -> str:
+    """What a data-parallel run needs, checked before any work; returns the backend to use (hf)."""
+    if cfg.prompts_per_step % replicas.world:
+        raise RunError(f"--prompts-per-step {cfg.prompts_per_step} does not divide evenly over {replicas.world} "
+                       "processes; each process takes an equal share of the step's prompts")
+    if getattr(cfg, "sampler", "policy") != "policy" and replicas.mode == "fsdp":
+        raise RunError(f"--sampler {cfg.sampler} needs every rank to hold the full weights it syncs into vLLM; "
+                       "use --parallel ddp (one vLLM engine per rank)")
+    if backend == "cpu" and cfg.backend == "cpu":
+        raise RunError("--backend cpu runs in one process; use --backend hf (or auto) under torchrun")
+    return "hf"
+
+
+def share(run: Run, items: list, rows_per_item: int = 1) -> tuple[list, object]:
+    """This process's equal share of a step's items, and the sampling generator for its rows (the run's own
+    generator in one process)."""
+    return (run.replicas.shard(items),
+            distributed.draws_for(run.gen, run.replicas, len(items) * rows_per_item))
 
 
 def versions() -> dict:
@@ -241,7 +287,8 @@ def versions() -> dict:
 
 def steps(run: Run, desc: str, show: bool):
     """The remaining steps, under a progress bar."""
-    return tqdm(range(run.start, run.cfg.steps), initial=run.start, total=run.cfg.steps, desc=desc, disable=not show)
+    return tqdm(range(run.start, run.cfg.steps), initial=run.start, total=run.cfg.steps, desc=desc,
+                disable=not (show and run.replicas.is_main))
 
 
 class NonFiniteError(RunError):
@@ -276,6 +323,7 @@ def end_step(run: Run, step: int, row: dict, probe, probe_every: int, bar, show:
     """Totals, probe, log, checkpoint: the bookkeeping shared by every loop. Step time is the sum of the row's
     `time_*` phases (other timings, e.g. decode_seconds, are parts of a phase)."""
     cfg = run.cfg
+    show = show and run.replicas.is_main  # rank 0 speaks for all: its numbers are the global batch's
     step_s = sum(v for k, v in row.items() if k.startswith("time_"))
     row = {"step": step + 1, **row, "step_seconds": step_s, "tokens_per_s": row["response_tokens"] / step_s}
     if probe and probe_every and ((step + 1) % probe_every == 0 or step + 1 == cfg.steps):
@@ -291,7 +339,8 @@ def end_step(run: Run, step: int, row: dict, probe, probe_every: int, bar, show:
         tqdm.write(f"step {step + 1:4d} | {main} | len {row['response_len']:.1f} | {timing} | "
                    f"{row['tokens_per_s']:.0f} tok/s" + (f" | {probes}" if probes else ""))
     if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-        checkpoint.save(run.out, step + 1, run.model, run.optimizer, run.scheduler, run.gen, cfg.keep_checkpoints)
+        checkpoint.save(run.out, step + 1, run.model, run.optimizer, run.scheduler, run.gen, cfg.keep_checkpoints,
+                        getattr(run.policy, "replica", None), run.replicas)
     return row
 
 
@@ -321,7 +370,7 @@ def warn_divergence(run: Run, row: dict) -> None:
     depend on the trained weights); and, with --nonfinite skip, the first skipped update."""
     seen = run.provenance.setdefault("warnings", [])
     n = row["response_tokens"] / max(row["response_len"], 1e-9)
-    vocab = getattr(run.model.config, "vocab_size", 0) or 0
+    vocab = getattr(getattr(run.model, "config", None), "vocab_size", 0) or 0
     signs = {"identical": n >= 4 and row.get("distinct_responses", 1.0) <= 1.0 / n,
              "entropy": row.get("logp_student", -1.0) > -0.01 and run.cfg.temperature > 0,
              "uniform": vocab > 1 and abs(row.get("logp_student", 0.0) + math.log(vocab)) < 1e-3,
@@ -336,8 +385,9 @@ def warn_divergence(run: Run, row: dict) -> None:
     for kind, hit in signs.items():
         if hit and kind not in seen:
             seen.append(kind)
-            tqdm.write(f"opct: warning: step {row['step']}: {text[kind]}; the policy may be diverging "
-                       "(lower --lr or --kl-coef); recorded in run.json", file=sys.stderr)
+            if run.replicas.is_main:  # every rank sees the same global row
+                tqdm.write(f"opct: warning: step {row['step']}: {text[kind]}; the policy may be diverging "
+                           "(lower --lr or --kl-coef); recorded in run.json", file=sys.stderr)
 
 
 def save_final(run: Run, summary: dict) -> Path:
@@ -345,9 +395,14 @@ def save_final(run: Run, summary: dict) -> Path:
     which is written last: its presence marks a finished run."""
     run.log.close()
     run.policy.close()
+    state = gathered_state(run)
+    if not run.replicas.is_main:
+        run.replicas.barrier()
+        distributed.close(run.replicas)
+        return run.out
 
     def write(d: Path):
-        run.model.save_pretrained(d)
+        run.model.save_pretrained(d, **({"state_dict": state} if state is not None else {}))
         run.policy.tok.save_pretrained(d)
     checkpoint.atomic_dir(run.out / "model", write)
     record_base_model(run.out / "model", run.cfg.model)
@@ -355,4 +410,17 @@ def save_final(run: Run, summary: dict) -> Path:
             "adapter": run.cfg.lora_rank > 0, "execution": run.provenance,
             "wall_seconds": time.perf_counter() - run.t_start, "steps": run.cfg.steps, **summary}
     write_json(run.out / "run.json", info)
+    run.replicas.barrier()
+    distributed.close(run.replicas)
     return run.out
+
+
+def gathered_state(run: Run) -> dict | None:
+    """Under FSDP2, the full weights save_pretrained needs, gathered on every rank (None: the model has them)."""
+    if run.replicas.mode != "fsdp":
+        return None
+    if run.cfg.lora_rank > 0:  # PEFT saves only the adapter's tensors
+        return distributed.trainable_state(run.model)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(run.model, options=distributed._options())

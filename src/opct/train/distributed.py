@@ -1,0 +1,258 @@
+"""Data-parallel training over processes started by torchrun (or `accelerate launch`): DDP or FSDP2.
+
+Each of W processes ("replicas") takes a contiguous 1/W of the step's prompts, samples and scores them, and the
+update equals one process running the whole global batch:
+  - the loss normaliser is the global response-token count (summed over replicas), and gradients are SUMMED
+    across replicas, not averaged (a DDP comm hook; FSDP2 with divide factor 1), once per step: the micro-batches
+    before the last one run without gradient sync;
+  - sampling draws, for this rank's rows, exactly the uniforms one process would draw for the whole batch
+    (`ShardDraws`), and every rank decodes until all ranks' rows are done, so the samples (and the sampling RNG
+    state) match the single-process run;
+  - logged numbers are summed over replicas; rank 0 writes metrics, checkpoints and the final model.
+DDP keeps a full copy of the weights on every rank; FSDP2 (`torch.distributed.fsdp.fully_shard`) shards them
+(each decoder layer, then the root). The policy runs every forward through `Replica`, the module DDP / FSDP2
+wrap, so their hooks see every forward.
+
+Shape letters: B rows of this rank's batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class DistributedError(RuntimeError):
+    """A distributed setting that cannot work (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """This process's place among the data-parallel replicas (rank 0 of 1 in an ordinary run)."""
+    rank: int = 0
+    world: int = 1
+    mode: str = "none"  # none | ddp | fsdp
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, x):
+        """x (a number, or a dict of numbers) summed over replicas, in float64."""
+        if self.world == 1:
+            return x
+        keys = list(x) if isinstance(x, dict) else None
+        vals = [x[k] for k in keys] if keys else [x]
+        t = torch.tensor([float(v) for v in vals], dtype=torch.float64)
+        dist.all_reduce(t)
+        out = t.tolist()
+        if keys:
+            return dict(zip(keys, out))
+        return int(out[0]) if isinstance(x, int) else out[0]
+
+    def max(self, x: float):
+        if self.world == 1:
+            return x
+        t = torch.tensor([float(x)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return type(x)(t.item())
+
+    def all(self, flag: bool) -> bool:
+        """True when `flag` holds on every replica."""
+        return flag if self.world == 1 else self.max(0.0 if flag else 1.0) == 0.0
+
+    def gather(self, items: list) -> list:
+        """Every replica's list, concatenated in rank order."""
+        if self.world == 1:
+            return items
+        parts = [None] * self.world
+        dist.all_gather_object(parts, items)
+        return [x for p in parts for x in p]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def shard(self, items: list) -> list:
+        """This rank's contiguous 1/W of `items` (len(items) must divide evenly)."""
+        n = len(items) // self.world
+        return items[self.rank * n:(self.rank + 1) * n]
+
+    def broadcast(self, obj):
+        """Rank 0's value of a picklable object, on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+SINGLE = Replicas()
+
+
+def launched() -> bool:
+    """Whether this process was started by a multi-process launcher (torchrun, accelerate launch)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init(device: torch.device, mode: str) -> tuple[Replicas, torch.device]:
+    """Join the process group torchrun describes (gloo on the CPU, NCCL on CUDA); each rank gets its own CUDA
+    device (LOCAL_RANK). `mode` auto picks DDP."""
+    if not launched():
+        if mode not in ("auto", "none"):
+            raise DistributedError(f"--parallel {mode} needs several processes: launch with torchrun "
+                                   "--nproc-per-node N -m opct train ...")
+        return SINGLE, device
+    if device.type not in ("cpu", "cuda"):
+        raise DistributedError(f"--device {device}: distributed training runs on CPU (gloo) or CUDA (NCCL)")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device
+                                if device.type == "cuda" else None)
+    mode = "ddp" if mode in ("auto", "none") else mode
+    return Replicas(dist.get_rank(), dist.get_world_size(), mode), device
+
+
+def close(replicas: Replicas) -> None:
+    if replicas.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class Replica(torch.nn.Module):
+    """The module DDP / FSDP2 wrap. `forward(part="lm", ...)` is the causal LM's forward (sampling);
+    `part="body"` the transformer body's last hidden states (scoring, whose head runs outside)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, part: str = "lm", **kw):
+        if part == "body":
+            from opct.backends.hf import lm_parts
+
+            return lm_parts(self.lm)[0](**kw).last_hidden_state
+        return self.lm(**kw)
+
+
+def _sum_hook(process_group, bucket):
+    """DDP comm hook: all-reduce SUM (the default divides by the world size)."""
+    fut = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def wrap(model, replicas: Replicas, device: torch.device):
+    """The model's Replica wrapped for `replicas.mode` (DDP, or FSDP2 over each decoder layer and the root)."""
+    replica = Replica(model)
+    if replicas.mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp = DDP(replica, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        ddp.register_comm_hook(None, _sum_hook)
+        return ddp
+    if replicas.mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        from opct.models import unwrap
+
+        layers = getattr(unwrap(model).base_model, "layers", None)
+        if layers is None:
+            raise DistributedError("--parallel fsdp: cannot find the model's decoder layers (model.layers)")
+        for layer in layers:
+            fully_shard(layer)
+        fully_shard(replica)
+        for m in (*layers, replica):  # a plain sum over ranks (the default divides by the world size)
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # SUM, not PREMUL_SUM(1.0), which gloo lacks
+        return replica
+    raise DistributedError(f"--parallel {replicas.mode!r}: expected auto, ddp or fsdp")
+
+
+def set_grad_sync(replica, sync: bool) -> None:
+    """Whether the next backward exchanges gradients (True only for a step's last micro-batch; earlier ones
+    accumulate locally and are exchanged with it). Read by DDP at forward time, by FSDP2 at backward time."""
+    if hasattr(replica, "set_requires_gradient_sync"):  # FSDP2 (recurses into the sharded layers)
+        replica.set_requires_gradient_sync(sync)
+    else:  # DDP (what its no_sync() context sets)
+        replica.require_backward_grad_sync = sync
+
+
+class ShardDraws:
+    """The sampling RNG of a rank that samples rows [lo, hi) of a global batch of `total` rows: every draw takes
+    the uniforms one process would draw for all rows and keeps this rank's, so the samples match a single-process
+    run; `all_done` makes every rank decode until all ranks' rows are finished (one process's loop length)."""
+
+    def __init__(self, gen: torch.Generator, total: int, lo: int, hi: int, replicas: Replicas):
+        self.gen, self.total, self.lo, self.hi, self.replicas = gen, total, lo, hi, replicas
+
+    def uniforms(self, B: int) -> torch.Tensor:
+        assert B == self.hi - self.lo, (B, self.lo, self.hi)
+        return torch.rand(self.total, 1, dtype=torch.float64, generator=self.gen)[self.lo:self.hi]
+
+    def all_done(self, done: bool) -> bool:
+        return self.replicas.all(done)
+
+
+def draws_for(gen: torch.Generator, replicas: Replicas, rows_total: int):
+    """The generator a rank samples its shard of a `rows_total`-row batch with (the generator itself alone)."""
+    if replicas.world == 1:
+        return gen
+    n = rows_total // replicas.world
+    return ShardDraws(gen, rows_total, replicas.rank * n, (replicas.rank + 1) * n, replicas)
+
+
+
+# -- checkpoints: full (gathered) tensors, whatever the sharding; rank 0 writes them ----------------------------------
+
+def _is_sharded(t) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    """The trainable parameters as full tensors (FSDP2 shards gathered: every rank must call this)."""
+    return {n: (p.full_tensor() if _is_sharded(p) else p).detach().contiguous()
+            for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy full tensors into the parameters (each rank keeps its FSDP2 shard)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, t in state.items():
+            p = params[n]
+            if _is_sharded(p):
+                p.copy_(distribute_tensor(t.to(p.device), p.device_mesh, p.placements))
+            else:
+                p.copy_(t)
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def optimizer_state(optimizer, replica) -> dict:
+    """The optimizer's state; under FSDP2 gathered into full tensors keyed by parameter name (on rank 0)."""
+    if replica is None or not hasattr(replica, "set_requires_gradient_sync"):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(replica, optimizer, options=_options())
+
+
+def load_optimizer(optimizer, replica, state: dict) -> None:
+    if replica is None or not hasattr(replica, "set_requires_gradient_sync"):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(replica, optimizer, state, options=StateDictOptions(full_state_dict=True))

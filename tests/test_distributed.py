@@ -1,0 +1,160 @@
+"""Data-parallel training on this CPU: torchrun, 2 processes, gloo. DDP and FSDP2 runs must give the same per-step
+metrics and final weights as one process over the same global batch, for LoRA and full fine-tuning, and a run
+whose rank is killed resumes to the uninterrupted run's metrics."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+PAIRS = [{"student": [{"role": "user", "content": f"Hint: the answer is B. Question {i}: what is {i}+{i}?"}],
+          "teacher": [{"role": "user", "content": f"Question {i}: what is {i}+{i}?"}]} for i in range(8)]
+COMPARED = ("loss", "kl", "logp_student", "logp_teacher", "grad_norm", "response_tokens", "distinct_responses",
+            "decode_steps", "prompt_tokens")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(model_dir, pairs, out, procs: int, *extra, steps: int = 3) -> list[str]:
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "opct"]
+              if procs > 1 else [sys.executable, "-m", "opct"])
+    return [*launch, *extra, "--model", str(model_dir), "--pairs", str(pairs), "--out", str(out), "--steps", str(steps),
+            "--prompts-per-step", "4", "--micro-batch", "2", "--max-new-tokens", "6", "--no-tensorboard",
+            "--backend", "hf", "--threads", "1"]
+
+
+def run(cmd, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, **kw)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(out: Path) -> dict:
+    f = out / "model" / ("adapter_model.safetensors" if (out / "model" / "adapter_config.json").exists()
+                         else "model.safetensors")
+    return load_file(str(f))
+
+
+def assert_same_run(a: Path, b: Path, tol: float = 1e-5) -> None:
+    ra, rb = metrics(a), metrics(b)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb):
+        for k in COMPARED:
+            if k in x:
+                assert y[k] == pytest.approx(x[k], rel=tol, abs=tol), (k, x["step"], x[k], y[k])
+    wa, wb = weights(a), weights(b)
+    for k, t in wa.items():  # a gathered full model may add the tied head under its own name
+        assert torch.allclose(t, wb[k], atol=1e-6, rtol=1e-5), k
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model_dir):
+    d = tmp_path_factory.mktemp("dist")
+    pairs = d / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    return d, pairs
+
+
+@pytest.fixture(scope="module")
+def single(setup, tiny_model_dir):
+    """One process over the global batch: the reference, for LoRA and for full fine-tuning."""
+    d, pairs = setup
+    outs = {}
+    for kind, extra in (("lora", ["--lora-rank", "4", "--samples-per-prompt", "2"]),
+                        ("full", ["--lora-rank", "0", "--lr", "1e-4", "--samples-per-prompt", "2"])):
+        outs[kind] = d / f"single-{kind}"
+        run(command(tiny_model_dir, pairs, outs[kind], 1, "train", *extra))
+    return outs
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_two_processes_match_one(setup, single, tiny_model_dir, parallel, kind):
+    d, pairs = setup
+    out = d / f"{parallel}-{kind}"
+    extra = ["--lora-rank", "4"] if kind == "lora" else ["--lora-rank", "0", "--lr", "1e-4"]
+    p = run(command(tiny_model_dir, pairs, out, 2, "train", *extra, "--samples-per-prompt", "2", "--parallel",
+                    parallel))
+    assert p.stdout.count("opct: done") == 1  # rank 0 speaks for both
+    assert_same_run(single[kind], out)
+    info = json.loads((out / "run.json").read_text())["execution"]
+    assert info["processes"] == 2 and info["parallel"] == parallel
+
+
+def test_sft_two_processes_match_one(setup, tiny_model_dir):
+    d, pairs = setup
+    a, b = d / "sft-1", d / "sft-2"
+    run(command(tiny_model_dir, pairs, a, 1, "sft", "--lora-rank", "4"))
+    run(command(tiny_model_dir, pairs, b, 2, "sft", "--lora-rank", "4", "--parallel", "ddp"))
+    assert_same_run(a, b)
+
+
+def test_prompts_must_divide_over_processes(setup, tiny_model_dir):
+    d, pairs = setup
+    cmd = command(tiny_model_dir, pairs, d / "odd", 2, "train", "--lora-rank", "4")
+    cmd[cmd.index("--prompts-per-step") + 1] = "3"
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode != 0 and "--prompts-per-step 3 does not divide evenly over 2 processes" in p.stderr
+
+
+def test_parallel_without_torchrun_is_an_error(setup, tiny_model_dir):
+    d, pairs = setup
+    p = subprocess.run(command(tiny_model_dir, pairs, d / "solo", 1, "train", "--parallel", "fsdp"),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "--parallel fsdp needs several processes" in p.stderr
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_killed_rank_resumes_to_the_uninterrupted_run(setup, tiny_model_dir, parallel):
+    """SIGKILL one rank once the step-2 checkpoint exists (torchrun then stops the other); --resume on 2
+    processes finishes with the metrics and weights of a single process that was never interrupted."""
+    d, pairs = setup
+    base = ["train", "--lora-rank", "4", "--samples-per-prompt", "2", "--save-every", "1"]
+    ref = d / f"kill-ref-{parallel}"
+    run(command(tiny_model_dir, pairs, ref, 1, *base, steps=12))
+    out = d / f"kill-{parallel}"
+    cmd = command(tiny_model_dir, pairs, out, 2, *base, "--parallel", parallel, steps=12)
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 240
+    while not (out / "checkpoints" / "step-000002" / "manifest.json").exists():
+        assert launcher.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
+        time.sleep(0.01)
+    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(int(children[-1]), signal.SIGKILL)
+    assert launcher.wait(timeout=120) != 0
+    assert not (out / "run.json").exists() and len(metrics(out)) < 12
+    run(cmd + ["--resume"])
+    assert_same_run(ref, out)
+
+
+def test_resume_with_another_process_count_is_refused(setup, tiny_model_dir):
+    d, pairs = setup
+    out = d / "count"
+    base = ["train", "--lora-rank", "4", "--save-every", "1"]
+    run(command(tiny_model_dir, pairs, out, 2, *base))
+    (out / "run.json").unlink()  # pretend it stopped after its last checkpoint
+    p = subprocess.run(command(tiny_model_dir, pairs, out, 1, *base, "--resume"), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode != 0 and "written by 2 process(es) (ddp), resumed with 1" in p.stderr
