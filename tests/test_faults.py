@@ -96,16 +96,17 @@ def test_kill_9_at_seeded_points_then_resume_equals_the_uninterrupted_run(server
             code, err, _ = server.run(argv(tiny_model_dir, pairs, out, *(["--resume"] if attempt else [])),
                                       tmp_path / f"log{seed}-{attempt}", kill_at=at, mode=mode)
             assert code in (-9, 0) and "Traceback" not in err, (seed, attempt, code, err[-2000:])
-            if code == 0:
+            if (out / "run.json").exists():  # finished; a kill in the middle of run.json's rename comes after it
+                assert code == 0 or mode == "mid"
                 break
-            assert not (out / "run.json").exists() or (at, mode) == (events, "mid")
         hits += [f"{labels[at - 1]} ({mode})" for at, mode in kills]
         while not (out / "run.json").exists():
             code, err, _ = server.run(argv(tiny_model_dir, pairs, out, "--resume"), tmp_path / f"log{seed}-end")
             assert code == 0 and "Traceback" not in err, err[-2000:]
         assert_same_run(ref, out)
         assert litter(out) == [], (seed, kills, litter(out))
-    print(f"kill points of {SEEDS} seeds (2 per seed, of {events} events):", "; ".join(hits))
+    print(f"kill points of {SEEDS} seeds (2 per seed, of {events} events; named as in the uninterrupted run, which "
+          "a resumed run's events differ from):", "; ".join(hits))
     assert any(h.startswith(("save_file", "save ", "write_text")) for h in hits)  # some kills hit a checkpoint
 
 
