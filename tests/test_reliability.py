@@ -196,7 +196,9 @@ def spawn_train(model, pairs, out, steps=400):
     return subprocess.Popen([sys.executable, "-m", "opct", *map(str, train_args(model, pairs, out, "--steps", steps,
                                                                                  "--save-every", "2",
                                                                                  "--threads", "1"))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            # a shell that runs this in the background ignores SIGINT, and the child would inherit it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("sig,code,says", [(signal.SIGINT, 130, "opct: interrupted"),
@@ -461,12 +463,12 @@ def test_an_adapter_whose_base_is_gone(tmp_path, capsys, tiny_model_dir, pairs):
     assert code == 2 and f"the adapter's base model {base} (base_model_name_or_path) does not exist" in err
 
 
-def test_missing_optional_pieces_and_unknown_tasks(tmp_path, capsys, monkeypatch):
+def test_missing_optional_pieces_and_unknown_tasks(tmp_path, capsys, monkeypatch, tiny_model_dir, pairs):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    code, err, _ = cli(capsys, "train", "--sampler", "vllm", "--pairs", "p.jsonl", "--out", tmp_path / "out")
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, tmp_path / "out", "--sampler", "vllm"))
     assert code == 2 and "--sampler vllm needs vllm installed" in err and not (tmp_path / "out").exists()
     monkeypatch.undo()
     # (an unknown task name is the same TaskError, raised once lm-eval has indexed its tasks: ~15 s, not run here)

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from opct.backends.base import Policy, Rollout, Scores
@@ -68,10 +66,6 @@ def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
     """(device, dtype, backend) from a config's device / dtype / backend settings."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    sampler = getattr(cfg, "sampler", "policy")
-    if (sampler == "vllm" or (sampler == "vllm-server" and not cfg.vllm_url)) and not importlib.util.find_spec("vllm"):
-        raise BackendError(f"--sampler {sampler} needs vllm installed in this environment (see .ci/vllm for a "
-                           "recipe)" + ("; or pass --vllm-url of a running server" if sampler == "vllm-server" else ""))
     return device, dtype, resolve_backend(cfg.backend, device, dtype)
 
 
