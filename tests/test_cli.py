@@ -72,7 +72,7 @@ def test_bad_option_value(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("steps: many\n")
     code, err = run(capsys, "--config", str(cfg))
-    assert code == 2 and "c.yaml: option 'steps' must be int" in err
+    assert code == 2 and "c.yaml:1: option 'steps' must be int" in err
 
 
 def test_help_lists_defaults(capsys):

@@ -213,7 +213,7 @@ def test_yaml_then_cli_precedence(tmp_path):
     cfg = config.build(TrainConfig, p.parse_args(["--config", str(y), "--steps", "9"]))
     assert (cfg.lr, cfg.steps, cfg.loss, cfg.temperature) == (0.001, 9, "topk", 1.0)
     y.write_text("lr: fast\n")
-    with pytest.raises(config.ConfigError, match=r"c.yaml: option 'lr' must be float"):
+    with pytest.raises(config.ConfigError, match=r"c.yaml:1: option 'lr' must be float"):
         config.build(TrainConfig, p.parse_args(["--config", str(y)]))
     y.write_text("learning_rate: 1\n")
     with pytest.raises(config.ConfigError, match="unknown option 'learning_rate'"):

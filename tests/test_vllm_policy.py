@@ -14,7 +14,7 @@ class FakeSampler:
     def __init__(self):
         self.synced, self.closed = [], False
 
-    def sample(self, prompts, settings, seed):
+    def sample(self, prompts, settings, seed, first=0):
         responses = [[100 + (i + seed) % 7, 200, 2][: settings.max_new_tokens] for i in range(len(prompts))]
         return responses, [[0.0] * len(r) for r in responses]  # "log-prob 0": the gap is -logp_student
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from pathlib import Path
 
 from opct import __version__, config
+from opct.data.io import WriteError
 
 
 def before_torch(cfg) -> None:
@@ -40,12 +44,33 @@ def cmd_sft(args) -> None:
         print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
 
 
+def check_output_file(path: str, option: str) -> None:
+    """An output file option must name a file that can be created: not a directory, not under a file."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise config.ConfigError(f"{option} {path}: is a directory; give a file name for the JSON results")
+    parent = next((q for q in p.parents if q.exists()), Path("."))
+    if not parent.is_dir():
+        raise config.ConfigError(f"{option} {path}: cannot be created: {parent} is a file, not a directory")
+
+
+def check_output_dir(path: str, option: str) -> None:
+    """An output directory option must not be, or lie under, an existing file."""
+    p = Path(path)
+    existing = p if p.exists() else next((q for q in p.parents if q.exists()), Path("."))
+    if not existing.is_dir():
+        raise config.ConfigError(f"{option} {path}: cannot be used as the output directory: {existing} is a file")
+
+
 def cmd_eval(args) -> None:
     import json
 
     from opct.axes import axis_defaults
 
     cfg = config.build(config.EvalConfig, args, defaults=axis_defaults)
+    check_output_file(cfg.out, "--out")
     before_torch(cfg)
     if cfg.tasks:
         from opct.demo import run_capability_eval
@@ -71,6 +96,7 @@ def cmd_demo(args) -> None:
     from opct.axes import axis_defaults
 
     cfg = config.build(config.DemoConfig, args, defaults=axis_defaults)
+    check_output_dir(cfg.out, "--out")
     before_torch(cfg)
     from opct.demo import run_demo
 
@@ -79,7 +105,21 @@ def cmd_demo(args) -> None:
 
 
 def cmd_report(args) -> None:
+    import json
+
     from opct.report import write_report
+
+    results = Path(args.run_dir) / "results.json"
+    if results.is_file():
+        try:
+            loaded = json.loads(results.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            where = f"{results}:{e.lineno}" if isinstance(e, json.JSONDecodeError) else str(results)
+            raise config.ConfigError(f"{where}: not valid JSON ({getattr(e, 'msg', e)}); it is written by "
+                                     "`opct demo`") from None
+        if not isinstance(loaded, dict):
+            raise config.ConfigError(f"{results}: expected a JSON object (a demo's results), got "
+                                     f"{type(loaded).__name__}")
 
     paths = write_report(args.run_dir)
     print(f"opct: wrote {paths['markdown']} and {paths['html']}")
@@ -87,7 +127,7 @@ def cmd_report(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="opct", description="On-Policy Consistency Training of language models.")
-    parser.add_argument("--version", action="version", version=f"opct {__version__}")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="OPCT on a JSONL of consistency pairs",
                        description=config.TrainConfig.__doc__ + " Options may also come from --config YAML.")
@@ -120,32 +160,71 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_report)
 
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         args.func(args)
     except user_errors() as e:
         print(f"opct: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("opct: interrupted (a run continues from its last checkpoint with --resume)", file=sys.stderr)
-        return 130
+    except (WriteError, OSError) as e:  # the machine, not the input: a full disk, a file opct may not read
+        print(f"opct: error: {e}{AFTER_FAILURE.get(args.command, '')}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(f"opct: {'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'}"
+              f"{AFTER_FAILURE.get(args.command, '')}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+# What is left after a command stops early, and how to go on.
+_RESUME = ("; nothing was marked finished (no run.json); continue from the last checkpoint with the same command "
+           "and --resume")
+AFTER_FAILURE = {"train": _RESUME, "sft": _RESUME,
+                 "demo": "; the demo did not finish (no results.json): run it again with a new --out",
+                 "eval": "; no results were written"}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or `timeout` stopping the run), handled like Ctrl-C: writes in progress are undone."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
+def version_text() -> str:
+    from opct.provenance import git_commit
+
+    git = git_commit()
+    return f"opct {__version__}" + (f" (git {git['commit'][:12]}{', modified' if git['dirty'] else ''})"
+                                     if git else "")
 
 
 def user_errors() -> tuple[type[Exception], ...]:
     """The exceptions that mean bad input (reported in one line, exit status 2), not a bug."""
     from opct.axes import AxisError
     from opct.backends import BackendError
+    from opct.data.harmful import HarmfulDataError
     from opct.data.mcq import McqError
     from opct.data.safety import SafetyDataError
     from opct.judges.safety import JudgeError
     from opct.data.pairs import PairsError
+    from opct.data.safety import SafetyDataError
+    from opct.evals.capability import TaskError
+    from opct.evals.offline_tasks import OfflineTaskError
+    from opct.judges.safety import JudgeError
     from opct.models import ModelError
     from opct.train.checkpoint import CheckpointError
     from opct.train.distributed import DistributedError
     from opct.train.loop import RunError
 
-    return (config.ConfigError, AxisError, SafetyDataError, JudgeError, PairsError, ModelError, RunError, McqError,
-            BackendError, CheckpointError, DistributedError, FileNotFoundError)
+    return (config.ConfigError, AxisError, PairsError, ModelError, RunError, McqError, BackendError, CheckpointError,
+            DistributedError, TaskError, OfflineTaskError, HarmfulDataError, SafetyDataError, JudgeError,
+            FileNotFoundError)
 
 
 if __name__ == "__main__":

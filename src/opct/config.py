@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -265,6 +266,10 @@ def validate(cfg):
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
+    if hasattr(cfg, "model"):
+        _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)
+    if isinstance(cfg, (RunConfig, DemoConfig)):
+        _check(bool(cfg.out.strip()), "out", "must name an output directory", cfg.out)
     if hasattr(cfg, "betas"):
         parts = cfg.betas.split(",")
         try:
@@ -301,13 +306,19 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
                             metavar=None if f.metadata.get("choices") else "V", help=help_)
 
 
-def from_dict(cls, values: dict, where: str = "config"):
+def from_dict(cls, values: dict, where: str = "config", lines: dict | None = None):
+    """cls(**values) with each value type-checked; `lines` ({option: line number}) lets messages name the line."""
     known = {f.name: f for f in fields(cls)}
     kwargs = {}
+    base = where
     for k, v in values.items():
+        where = f"{base}:{lines[str(k)]}" if lines and str(k) in lines else base
+        if not isinstance(k, str):
+            raise ConfigError(f"{where}: option names are words, got {k!r}")
         key = k.replace("-", "_")
         if key not in known:
-            raise ConfigError(f"{where}: unknown option {k!r}")
+            close = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(f"{where}: unknown option {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         f = known[key]
         want = _kind(f)
         if want is float and isinstance(v, str):  # YAML 1.1 reads 1e-4 as a string
@@ -317,6 +328,13 @@ def from_dict(cls, values: dict, where: str = "config"):
                 pass
         if want is float and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
+        if want is int and isinstance(v, float) and v.is_integer():  # steps: 1e3 or 20.0
+            v = int(v)
+        if want is int and isinstance(v, str):  # YAML 1.1 reads 1e3 as a string
+            try:
+                v = int(float(v)) if float(v).is_integer() else v
+            except ValueError:
+                pass
         if not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ConfigError(f"{where}: option {k!r} must be {want.__name__}, got {v!r}")
         choices = f.metadata.get("choices")
@@ -349,20 +367,50 @@ def apply_env_overrides(cfg, environ=None):
     return dataclasses.replace(cfg, **values), applied
 
 
+def read_yaml(p: Path) -> tuple[dict, dict]:
+    """A config file's {option: value} and {option: line}; a missing, unreadable, non-UTF-8 or malformed file, a
+    top level that is not a mapping, or a key given twice (YAML would keep the last silently) is a ConfigError."""
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory, not a config file")
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: not UTF-8 text") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise ConfigError(f"{where}: invalid YAML ({getattr(e, 'problem', None) or e})") from None
+    if loaded is None:
+        return {}, {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: expected a mapping of option: value")
+    lines: dict = {}
+    for key_node, _ in node.value:
+        line = key_node.start_mark.line + 1
+        if key_node.value in lines:
+            raise ConfigError(f"{p}:{line}: option {key_node.value!r} is given twice (first on line "
+                              f"{lines[key_node.value]})")
+        lines[key_node.value] = line
+    return loaded, lines
+
+
 def user_values(cls, args: argparse.Namespace) -> dict:
     """The options the user set: the --config YAML file's, then the flags given (which win); keys as field names."""
     values: dict = {}
     if getattr(args, "config", None):
         p = Path(args.config)
-        if not p.is_file():
-            raise ConfigError(f"{p}: no such config file")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: expected a mapping of option: value")
-        from_dict(cls, loaded, where=str(p))  # type-check the file on its own, so errors name it
+        loaded, lines = read_yaml(p)
+        from_dict(cls, loaded, where=str(p), lines=lines)  # type-check the file on its own, so errors name it
         values.update({str(k).replace("-", "_"): v for k, v in loaded.items()})
     for f in fields(cls):
         v = getattr(args, f.name, None)

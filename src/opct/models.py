@@ -140,8 +140,30 @@ def embedded_model_dir(spec: dict = SMOLLM2) -> Path:
     return out
 
 
+def check_gguf(path: Path) -> None:
+    """A GGUF file whose header parses and whose tensors all lie within the file; a truncated or corrupt file is a
+    ModelError naming it (the loader itself fails on one with a struct or reshape error)."""
+    from gguf import GGUFReader
+
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
+    try:
+        reader = GGUFReader(path)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as e:  # noqa: BLE001 (the reader raises struct/value/index errors on a short file)
+        reason = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"{path}: not a complete GGUF file ({path.stat().st_size} bytes; truncated or corrupt: "
+                         f"{reason[:200]}); download it again") from None
+    if end > path.stat().st_size:
+        raise ModelError(f"{path}: truncated GGUF file: its tensors need {end} bytes, the file has "
+                         f"{path.stat().st_size}; download it again")
+
+
 def _load_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    check_gguf(path)
 
     d, f = str(path.parent), path.name
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
@@ -184,6 +206,10 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
             from peft import PeftModel
 
             base = adapter_base(p)
+            if base.startswith(("/", ".", "~")) and not Path(base).expanduser().exists():
+                raise ModelError(f"{p / 'adapter_config.json'}: the adapter's base model {base} "
+                                 "(base_model_name_or_path) does not exist on this machine; set it to the base "
+                                 "model's Hub id or a local copy of it")
             model = AutoModelForCausalLM.from_pretrained(resolve(base), dtype=dtype,
                                                          trust_remote_code=trust_remote_code)
             model = PeftModel.from_pretrained(model, src).merge_and_unload()
@@ -191,12 +217,21 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
         else:
             if not p.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
                 raise ModelError(f"{name}: no such model directory\n  {HINT}")
+            if p.is_file():
+                raise ModelError(f"{name}: is a file but not a .gguf model\n  {HINT}")
+            if p.is_dir() and not (p / "config.json").is_file():
+                raise ModelError(f"{name}: not a model directory (no config.json or adapter_config.json)"
+                                 + _model_dir_hint(p))
             tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, trust_remote_code=trust_remote_code)
     except ModelError:
         raise
     except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load model {name!r}: {str(e).splitlines()[0]}\n  {HINT}") from None
+        first = str(e).splitlines()[0]
+        if "custom code" in first and not trust_remote_code:
+            raise ModelError(f"cannot load model {name!r}: it needs its own Python code to load, and opct does not "
+                             "run code shipped with a model (trust_remote_code is off)") from None
+        raise ModelError(f"cannot load model {name!r}: {first}\n  {HINT}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model.to(device=device, dtype=dtype)
@@ -204,13 +239,36 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     return model, tok
 
 
+def _model_dir_hint(p: Path) -> str:
+    if (p / "model").is_dir() or (p / "metrics.jsonl").is_file():
+        return f"; an opct run keeps its trained model in {p / 'model'}" + (
+            "" if (p / "model").is_dir() else " (this run has not finished: continue it with --resume)")
+    if (p / "trainable.safetensors").is_file():
+        return ("; this is a training checkpoint (trainable weights and optimizer state only): use the finished "
+                "run's model/ directory, or finish the run with --resume")
+    return f"\n  {HINT}"
+
+
 def add_lora(model, rank: int, alpha: float, dropout: float = 0.0, targets: str = "all-linear"):
     """Wrap `model` with a fresh LoRA adapter (peft). The base weights stay frozen and double as the teacher."""
     from peft import LoraConfig, get_peft_model
 
     tm = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
+    if tm != "all-linear":
+        check_lora_targets(model, tm)
     cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=tm, task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
+
+
+def check_lora_targets(model, targets: list[str]) -> None:
+    """Every --lora-targets name must match a linear layer (PEFT's rule: the module's name or its last dotted
+    parts); PEFT itself accepts a list where only some names match and drops the rest silently."""
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+    for t in targets:
+        if not t or not any(n == t or n.endswith("." + t) for n in linear):
+            raise ModelError(f"--lora-targets: {t!r} matches no linear layer of this model; its linear layers are "
+                             f"named {', '.join(names)} (or use all-linear)")
 
 
 def unwrap(model):

@@ -61,10 +61,15 @@ def make_sampler(cfg, eos_ids):
     """The vLLM sampler a config asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU).
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
     device: under torchrun each rank has its own engine on its own GPU."""
-    from opct.backends import resolve
+    import importlib.util
+
+    from opct.backends import BackendError, resolve
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
 
+    if (cfg.sampler == "vllm" or not cfg.vllm_url) and importlib.util.find_spec("vllm") is None:
+        raise BackendError(f"--sampler {cfg.sampler} needs vllm installed in this environment (see .ci/vllm for a "
+                           "recipe)" + ("; or pass --vllm-url of a running server" if cfg.sampler != "vllm" else ""))
     device, dtype, _ = resolve(cfg)
     kw = dict(dtype=str(dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
               kv_cache_gib=cfg.vllm_kv_cache_gib)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,6 +26,33 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+class WriteError(RuntimeError):
+    """An output could not be written (disk full, quota, read-only file system, ...). The message names the path;
+    the writers that raise it leave nothing partial in that path's place."""
+
+
+def write_failure(path: Path, e: BaseException, left_behind: str = "nothing partial was left in its place"
+                  ) -> WriteError | None:
+    """The WriteError for `e`, raised while writing `path`, or None when `e` is not a failed write: any OSError is
+    one; so is another library's error (torch.save and safetensors report a full disk without an errno) when the
+    file system is then (nearly) full."""
+    try:
+        free = shutil.disk_usage(next(p for p in (path, *path.parents) if p.exists())).free
+    except (OSError, StopIteration):
+        free = None
+    if isinstance(e, OSError):
+        reason = e.strerror or str(e)
+    elif isinstance(e, Exception) and free is not None and free < FULL_BELOW:
+        reason = f"the file system is full: {(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}"
+    else:
+        return None
+    left = f"; {free / 2**20:.1f} MiB free there" if free is not None else ""
+    return WriteError(f"{path}: could not be written ({reason}{left}); {left_behind}")
+
+
+FULL_BELOW = 1 << 20  # bytes free under which a failed write is taken to be a full disk
+
+
 def atomic_write(path: str | Path, data: str | bytes) -> Path:
     """Write `data` to a temporary file beside `path`, then rename it into place: a reader (or a run killed
     mid-write) never sees a half-written file."""
@@ -36,8 +64,11 @@ def atomic_write(path: str | Path, data: str | bytes) -> Path:
             f.write(data.encode() if isinstance(data, str) else data)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be read by others
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        failed = write_failure(path, e)
         Path(tmp).unlink(missing_ok=True)
+        if failed:
+            raise failed from e
         raise
     return path
 
@@ -56,15 +87,22 @@ def _no_duplicate_keys(pairs):
 
 def jsonl_objects(path: str | Path, error: Callable[[str], Exception]) -> Iterator[tuple[str, dict]]:
     """Yield (where, object) for each non-blank line of a JSONL file, `where` = 'file:line'. A line that is not
-    UTF-8, not JSON, not an object, or an object with a duplicate key raises error(message naming file and line)."""
+    UTF-8, not JSON, not an object, or an object with a duplicate key raises error(message naming file and line);
+    so does a path that is a directory or unreadable. A UTF-8 byte-order mark at the start is accepted."""
     path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: is a directory, not a JSONL file")
     if not path.is_file():
         raise error(f"{path}: no such file")
-    with path.open("rb") as f:
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise error(f"{path}: cannot read it ({e.strerror})") from None
+    with f:
         for lineno, raw in enumerate(f, 1):
             where = f"{path}:{lineno}"
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark some editors write
             except UnicodeDecodeError as e:
                 raise error(f"{where}: not UTF-8 text (byte {e.start + 1} of the line)") from None
             if not line.strip():

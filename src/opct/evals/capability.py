@@ -59,6 +59,10 @@ SUITES = {
 }
 
 
+class TaskError(ValueError):
+    """--tasks names a suite or lm-eval task that does not exist."""
+
+
 def resolve_suite(spec: str, limit: int | None = None) -> dict:
     """'--tasks' value -> {tasks, limit, limits, max_gen_toks} (run_capability's keywords): a suite name from
     SUITES ('small', 'paper') or comma-separated lm-eval task names. An explicit `limit` replaces the suite's."""
@@ -68,7 +72,7 @@ def resolve_suite(spec: str, limit: int | None = None) -> dict:
                 "limits": {} if limit is not None else dict(s["limits"]), "max_gen_toks": s["max_gen_toks"]}
     tasks = [t.strip() for t in spec.split(",") if t.strip()]
     if not tasks:
-        raise ValueError(f"--tasks {spec!r}: give a suite ({', '.join(SUITES)}) or comma-separated lm-eval tasks")
+        raise TaskError(f"--tasks {spec!r}: give a suite ({', '.join(SUITES)}) or comma-separated lm-eval tasks")
     return {"tasks": tasks, "limit": limit, "limits": {}, "max_gen_toks": None}
 
 
@@ -212,7 +216,7 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
     tm = task_manager(offline, tasks)
     unknown = [t for t in tasks if t not in tm.all_tasks]
     if unknown:
-        raise ValueError(f"unknown lm-eval task(s) {unknown}; e.g. {', '.join(SUITES['small']['tasks'])}")
+        raise TaskError(f"--tasks: unknown lm-eval task(s) {unknown}; e.g. {', '.join(SUITES['small']['tasks'])}")
     lm = make_lm(model, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length)
     groups: dict[int | None, list[str]] = {}
     for t in tasks:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from opct.data.io import sha256_file
+from opct.data.io import sha256_file, write_failure
 from opct.train import distributed
 
 MANIFEST = "manifest.json"
@@ -35,12 +35,15 @@ class CheckpointError(ValueError):
 
 
 def atomic_dir(final: Path, write) -> Path:
-    """Call write(tmp_dir), then rename tmp_dir to `final` (replacing an older one)."""
+    """Call write(tmp_dir), then rename tmp_dir to `final` (replacing an older one). A failed write (a full disk:
+    opct.data.io.WriteError naming `final`) or an interrupt removes tmp_dir and leaves `final` as it was."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         write(tmp)
+        for f in (tmp, *tmp.rglob("*")):  # mkdtemp and safetensors create private modes; outputs are for reading
+            os.chmod(f, 0o755 if f.is_dir() else 0o644)
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.replace(final, old)
@@ -48,8 +51,11 @@ def atomic_dir(final: Path, write) -> Path:
             shutil.rmtree(old)
         else:
             os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
+        failed = write_failure(final, e)  # before the cleanup frees the space
         shutil.rmtree(tmp, ignore_errors=True)
+        if failed:
+            raise failed from e
         raise
     return final
 
@@ -77,7 +83,13 @@ def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Ge
 
     path = atomic_dir(Path(out) / "checkpoints" / f"step-{step:06d}", write)
     for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        gone = old.with_name(f".{old.name}.old-{os.getpid()}")  # renamed first: a kill mid-delete leaves litter
+        os.replace(old, gone)  # that remove_partial recognises, never a half-deleted checkpoint
+        try:
+            shutil.rmtree(gone, ignore_errors=True)
+        except BaseException:  # Ctrl-C mid-delete: finish it, then stop
+            shutil.rmtree(gone, ignore_errors=True)
+            raise
     replicas.barrier()
     return path
 
@@ -103,12 +115,17 @@ def verify(path: Path) -> None:
 
 
 def remove_partial(out: Path) -> list[Path]:
-    """Delete what killed writes left behind: temporary checkpoint and model directories. Returns them."""
+    """Delete what killed writes left behind: temporary and half-deleted checkpoint and model directories, and
+    the temporary files of atomic writes (config.yaml, metrics.jsonl, run.json). Returns them."""
     out = Path(out)
     litter = [*(out / "checkpoints").glob(".step-*.tmp-*"), *out.glob(".model.tmp-*"),
-              *(out / "checkpoints").glob(".step-*.old-*"), *out.glob(".model.old-*")]
+              *(out / "checkpoints").glob(".step-*.old-*"), *out.glob(".model.old-*"),
+              *(p for p in out.glob(".*.tmp") if p.is_file())]
     for p in litter:
-        shutil.rmtree(p, ignore_errors=True)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
     return litter
 
 

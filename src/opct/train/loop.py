@@ -17,7 +17,9 @@ import math
 import os
 import platform
 import random
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +49,8 @@ def seed_everything(seed: int) -> None:
 
 
 # Settings a resumed run may change; any other difference from the run's config.yaml is refused.
-RESUMABLE = {"steps", "resume", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite", "device",
-             "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "short_attention", "lora_node",
+RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite",
+             "device", "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "short_attention", "lora_node",
              "low_memory_norms", "prefill_reuse", "teacher_prefix_cache", "keys_only_last_layer", "keep_freed_memory",
              "huge_pages", "vllm_gpu_memory", "vllm_kv_cache_gib"}
 
@@ -63,7 +65,7 @@ def check_out_dir(cfg: RunConfig) -> Path:
     if not os.access(existing, os.W_OK):
         raise RunError(f"{out}: output directory is not writable ({existing})")
     if not cfg.resume:
-        if out.exists() and any(out.iterdir()):
+        if out.exists() and any(p.name != ".lock" for p in out.iterdir()):  # a lock alone: killed at once
             raise RunError(f"{out}: already holds a run; pass --resume to continue it or choose another --out")
         return out
     if (out / "run.json").is_file():
@@ -102,13 +104,13 @@ def resume_from(out: Path, policy: Policy, optimizer, scheduler, gen, steps: int
     never skipped; so is a checkpoint beyond --steps."""
     found = checkpoint.list_checkpoints(out)
     if not found:
-        tqdm.write(f"opct: {out}: no checkpoint yet; starting from step 0")
+        tqdm.write(f"opct: {out}: no checkpoint yet; starting from step 0", file=sys.stderr)
         return 0
     for path in reversed(found):
         try:
             checkpoint.verify(path)
         except checkpoint.CheckpointError as e:
-            tqdm.write(f"opct: warning: {e}; trying an older checkpoint")
+            tqdm.write(f"opct: warning: {e}; trying an older checkpoint", file=sys.stderr)
             continue
         start = checkpoint.load(path, policy.model, optimizer, scheduler, gen, getattr(policy, "replica", None),
                                 policy.replicas)
@@ -277,8 +279,10 @@ def versions() -> dict:
     import peft
     import transformers
 
-    return {"opct": opct.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "python": platform.python_version()}
+    from opct.provenance import git_commit
+
+    return {"opct": opct.__version__, "git": git_commit(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "peft": peft.__version__, "python": platform.python_version()}
 
 
 def steps(run: Run, desc: str, show: bool):
@@ -307,7 +311,9 @@ def optimizer_step(run: Run, step: int, loss: float) -> dict:
             + (f", then --resume from {last[-1]}" if last else "") + " (or pass --nonfinite skip to skip such steps)")
     if not bad:
         run.optimizer.step()
-    run.scheduler.step()
+    with warnings.catch_warnings():  # torch warns when the first update was skipped; the schedule still counts it
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+        run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.policy.after_step()
     return {"grad_norm": float(grad_norm), "lr": lr, "skipped": int(bad), "time_optim": time.perf_counter() - t}
@@ -358,19 +364,30 @@ def record_base_model(model_dir: Path, name: str) -> None:
 
 
 def warn_divergence(run: Run, row: dict) -> None:
-    """Say so (once per kind) when samples look collapsed: every sampled response identical, or sampled tokens
-    of probability ~1 (mean log p > -0.01 nats)."""
+    """Say so (once per kind) when the policy looks collapsed: every sampled response identical; sampled tokens
+    of probability ~1 (mean log p > -0.01 nats); sampled tokens of probability 1/vocab (a uniform distribution:
+    mean log p within 1e-3 of -log V); or a zero gradient while the loss is not zero (the outputs no longer
+    depend on the trained weights); and, with --nonfinite skip, the first skipped update."""
     seen = run.provenance.setdefault("warnings", [])
     n = row["response_tokens"] / max(row["response_len"], 1e-9)
+    vocab = getattr(getattr(run.model, "config", None), "vocab_size", 0) or 0
     signs = {"identical": n >= 4 and row.get("distinct_responses", 1.0) <= 1.0 / n,
-             "entropy": row.get("logp_student", -1.0) > -0.01 and run.cfg.temperature > 0}
+             "entropy": row.get("logp_student", -1.0) > -0.01 and run.cfg.temperature > 0,
+             "uniform": vocab > 1 and abs(row.get("logp_student", 0.0) + math.log(vocab)) < 1e-3,
+             "no_gradient": row.get("grad_norm", 1.0) == 0.0 and row.get("loss", 0.0) != 0.0,
+             "skipped": bool(row.get("skipped"))}
     text = {"identical": "all sampled responses of this step are identical",
-            "entropy": "the student's sampled tokens have probability ~1 (entropy collapse)"}
+            "entropy": "the student's sampled tokens have probability ~1 (entropy collapse)",
+            "uniform": f"the student's sampled tokens have probability 1/{vocab} (a uniform distribution)",
+            "no_gradient": f"the gradient is zero while the loss is {row.get('loss', 0.0):.4g}",
+            "skipped": "the loss or gradient is not finite; the update was skipped (--nonfinite skip; every "
+                       "skipped step has skipped=1 in metrics.jsonl)"}
     for kind, hit in signs.items():
         if hit and kind not in seen:
             seen.append(kind)
-            tqdm.write(f"opct: warning: step {row['step']}: {text[kind]}; the policy may be diverging "
-                       "(lower --lr or --kl-coef); recorded in run.json")
+            if run.replicas.is_main:  # every rank sees the same global row
+                tqdm.write(f"opct: warning: step {row['step']}: {text[kind]}; the policy may be diverging "
+                           "(lower --lr or --kl-coef); recorded in run.json", file=sys.stderr)
 
 
 def save_final(run: Run, summary: dict) -> Path:

@@ -7,7 +7,7 @@ import resource
 import sys
 from pathlib import Path
 
-from opct.data.io import read_jsonl
+from opct.data.io import atomic_write, read_jsonl, write_failure
 
 
 def peak_rss_mb() -> float:
@@ -21,7 +21,7 @@ class MetricsLog:
         self.path = Path(out) / "metrics.jsonl"
         # On resume, drop rows logged after the checkpoint we restart from: they will be recomputed.
         rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step] if resume_step else []
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in rows))  # a kill here keeps the old rows
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -29,8 +29,11 @@ class MetricsLog:
             self.tb = SummaryWriter(str(Path(out) / "tb"), purge_step=resume_step + 1 if resume_step else None)
 
     def log(self, row: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:  # a full disk
+            raise write_failure(self.path, e, "a cut-off last row is dropped by --resume") from e
         if self.tb:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)):

@@ -1,0 +1,506 @@
+"""Issue 17 at the command line, one test per case: the exit status, a message that names the file, line or option
+and what is wrong, no traceback, and what is left on disk (nothing that looks finished, no litter).
+
+Fault injection (kill -9, a full disk) is in test_faults.py; the older per-case tests are in test_cli.py and
+test_train.py (the table in docs/reliability.md maps each case of the issue to its test)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from opct.cli import main
+
+GOOD = {"student": [{"role": "system", "content": "Say B."}, {"role": "user", "content": "Hi? I think B."}],
+        "teacher": [{"role": "user", "content": "Hi?"}]}
+SMALL = ["--prompts-per-step", "2", "--max-new-tokens", "4", "--lora-rank", "2", "--no-tensorboard"]
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.err
+    return code, cap.err, cap.out
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    p = tmp_path / "pairs.jsonl"
+    p.write_text((json.dumps(GOOD) + "\n") * 3)
+    return p
+
+
+def train_args(model, pairs, out, *extra):
+    return ["train", "--model", model, "--pairs", pairs, "--out", out, *SMALL, *extra]
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, tiny_model_dir):
+    """A 3-step run with checkpoints at steps 1 and 2, stopped before it finished (what a kill during step 3
+    leaves); tests copy it (a run directory may move: --out is not compared on resume)."""
+    d = tmp_path_factory.mktemp("stopped")
+    p = d / "pairs.jsonl"
+    p.write_text((json.dumps(GOOD) + "\n") * 3)
+    out = d / "run"
+    assert main([str(a) for a in train_args(tiny_model_dir, p, out, "--steps", "3", "--save-every", "1")]) == 0
+    (out / "run.json").unlink()
+    shutil.rmtree(out / "model")
+    return out, p
+
+
+def stopped_run(stopped, out):
+    shutil.copytree(stopped[0], out)
+    return out, stopped[1]
+
+
+def looks_finished(out) -> bool:
+    return (out / "run.json").exists() or (out / "model").exists()
+
+
+# ---- security -------------------------------------------------------------------------------------------
+
+
+def test_resume_refuses_a_planted_pickle_and_does_not_run_it(tmp_path, capsys, tiny_model_dir, stopped):
+    from opct.data.io import sha256_file
+    from opct.train.checkpoint import MANIFEST
+
+    out, pairs = stopped_run(stopped, tmp_path / "run")
+    shutil.rmtree(out / "checkpoints" / "step-000002")
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    ckpt = out / "checkpoints" / "step-000001"
+    torch.save({"optimizer": Payload(), "scheduler": {}}, ckpt / "optim.pt")
+    manifest = json.loads((ckpt / MANIFEST).read_text())  # the attacker makes the manifest match
+    manifest["optim.pt"] = {"bytes": (ckpt / "optim.pt").stat().st_size, "sha256": sha256_file(ckpt / "optim.pt")}
+    (ckpt / MANIFEST).write_text(json.dumps(manifest))
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--save-every", "1",
+                                           "--resume"))
+    assert code == 2 and f"{ckpt / 'optim.pt'}: refused to load" in err and "execute code" in err
+    assert not marker.exists() and not looks_finished(out)
+
+
+def test_a_model_that_ships_its_own_code_is_refused_not_run(tmp_path, capsys, tiny_model_dir):
+    evil = tmp_path / "evil"
+    shutil.copytree(tiny_model_dir, evil)
+    cfg = json.loads((evil / "config.json").read_text())
+    cfg.update(model_type="evil", auto_map={"AutoConfig": "evil.C", "AutoModelForCausalLM": "evil.M"})
+    (evil / "config.json").write_text(json.dumps(cfg))
+    marker = tmp_path / "pwned"
+    (evil / "evil.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    code, err, _ = cli(capsys, "eval", "--model", evil, "--n-eval", "4")
+    assert code == 2 and str(evil) in err and "trust_remote_code is off" in err
+    assert not marker.exists()
+
+
+# ---- failed training must not look like success -------------------------------------------------------------
+
+
+def test_nonfinite_skip_skips_every_bad_update_and_says_so(tmp_path, capsys, tiny_model_dir, pairs):
+    out = tmp_path / "run"
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "2", "--kl-coef", "1e39",
+                                           "--nonfinite", "skip"))
+    assert code == 0 and "the update was skipped (--nonfinite skip" in err
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in rows] == [1, 1]
+    from safetensors.torch import load_file
+
+    weights = load_file(str(out / "model" / "adapter_model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert all(not w.any() for k, w in weights.items() if "lora_B" in k)  # never updated: B is still zero
+    assert json.loads((out / "run.json").read_text())["execution"]["warnings"] == ["skipped"]
+
+
+def test_a_collapse_to_uniform_is_warned_about_and_recorded(tmp_path, capsys, tiny_model_dir, pairs):
+    out = tmp_path / "run"
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--lr", "1e6"))
+    assert code == 0
+    assert "warning: step 2: the student's sampled tokens have probability 1/" in err
+    assert "the gradient is zero while the loss is" in err
+    warnings = json.loads((out / "run.json").read_text())["execution"]["warnings"]
+    assert {"uniform", "no_gradient"} <= set(warnings)
+
+
+# ---- values are validated before any work ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["train", "--loss", "topk", "--topk", "0"], "--topk must be >= 1, got 0"),
+    (["train", "--kl-coef", "nan"], "--kl-coef must be a finite number"),
+    (["train", "--lora-dropout", "1"], "--lora-dropout must be in [0, 1)"),
+    (["train", "--steps", "0"], "--steps must be >= 1"),
+    (["eval", "--n-eval", "0"], "--n-eval must be >= 1, got 0"),
+    (["sft", "--micro-batch", "0"], "--micro-batch must be >= 1"),
+])
+def test_more_bad_values_are_rejected_before_any_work(tmp_path, capsys, argv, expect):
+    out = tmp_path / "out"
+    code, err, _ = cli(capsys, *argv, *(["--out", out] if argv[0] != "eval" else []))
+    assert code == 2 and expect in err and not out.exists()
+
+
+@pytest.mark.parametrize("targets,bad", [("nope", "nope"), ("q_proj,v_prj", "v_prj"), ("q_proj,", "")])
+def test_an_unknown_lora_target_names_the_layers_there_are(tmp_path, capsys, tiny_model_dir, pairs, targets, bad):
+    out = tmp_path / "out"
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--lora-targets", targets))
+    assert code == 2 and f"--lora-targets: {bad!r} matches no linear layer" in err and "q_proj, up_proj" in err
+    assert not out.exists()
+
+
+def small_gguf(path: Path) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("keep", [15, 200, -100])
+def test_a_truncated_gguf_is_named(tmp_path, capsys, pairs, keep):
+    data = small_gguf(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "model.gguf"
+    cut.write_bytes(data[:keep])
+    for cmd in (["eval", "--model", cut, "--n-eval", "4"], train_args(cut, pairs, tmp_path / "out")):
+        code, err, _ = cli(capsys, *cmd)
+        assert code == 2 and f"{cut}: " in err and "truncated" in err and "download it again" in err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "junk.gguf").write_bytes(b"<html>404</html>")
+    code, err, _ = cli(capsys, "eval", "--model", tmp_path / "junk.gguf")
+    assert code == 2 and "junk.gguf: not a GGUF file" in err
+
+
+def spawn_train(model, pairs, out, steps=400):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "opct", *map(str, train_args(model, pairs, out, "--steps", steps,
+                                                                                 "--save-every", "2",
+                                                                                 "--threads", "1"))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            # a shell that runs this in the background ignores SIGINT, and the child would inherit it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+@pytest.mark.parametrize("sig,code,says", [(signal.SIGINT, 130, "opct: interrupted"),
+                                           (signal.SIGTERM, 143, "opct: stopped by SIGTERM")])
+def test_ctrl_c_or_sigterm_stops_cleanly_and_resume_finishes(tmp_path, tiny_model_dir, pairs, sig, code, says):
+    """A real `opct train` process gets the signal after its 3rd step: exit 130 (143 for SIGTERM), one line that
+    says how to continue, nothing that looks finished, and --resume then completes the run."""
+    out = tmp_path / "run"
+    proc = spawn_train(tiny_model_dir, pairs, out)
+    rows = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (rows.is_file() and len(rows.read_text().splitlines()) >= 3) and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code and "Traceback" not in err
+    assert f"{says}; nothing was marked finished (no run.json); continue from the last checkpoint" in err
+    assert not looks_finished(out) and [p.name for p in out.rglob(".*") if p.name != ".lock"] == []
+    if sig == signal.SIGTERM:
+        return
+    done = len(rows.read_text().splitlines())
+    r = subprocess.run([sys.executable, "-m", "opct", *map(str, train_args(
+        tiny_model_dir, pairs, out, "--steps", done + 1, "--save-every", "2", "--threads", "1", "--resume"))],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "run.json").read_text())["steps"] == done + 1
+
+
+# ---- resume at the edges --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change,expect", [
+    (["--lora-rank", "4"], "--lora-rank 2 -> 4"),
+    (["--lr", "0.01"], "--lr 0.0002 -> 0.01"),
+    (["--model", "OTHER"], "--model "),
+    (["--pairs", "OTHER"], "--pairs "),
+    (["--steps", "1"], "beyond --steps 1"),
+])
+def test_resume_refuses_changed_settings(tmp_path, capsys, tiny_model_dir, stopped, change, expect):
+    out, pairs = stopped_run(stopped, tmp_path / "run")
+    other = tmp_path / "other"
+    if "OTHER" in change:
+        shutil.copytree(tiny_model_dir, other) if change[0] == "--model" else shutil.copy(pairs, other)
+    args = train_args(tiny_model_dir, pairs, out, "--steps", "3", "--save-every", "1", "--resume")
+    args += [other if a == "OTHER" else a for a in change]
+    code, err, _ = cli(capsys, *args)
+    assert code == 2 and str(out) in err and expect in err and not looks_finished(out)
+    if expect.startswith("--"):
+        assert "resume with the same values or start a new --out" in err
+
+
+def test_a_directory_holding_only_a_lock_is_empty(tmp_path, capsys, tiny_model_dir, pairs):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").touch()  # a run killed right after taking its lock
+    assert cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1"))[0] == 0
+
+
+def test_a_moved_run_directory_resumes(tmp_path, capsys, tiny_model_dir, stopped):
+    out, pairs = stopped_run(stopped, tmp_path / "moved")
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--save-every", "1",
+                                           "--resume"))
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and json.loads((out / "run.json").read_text())["steps"] == 3
+
+
+def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_one_before(tmp_path, capsys, tiny_model_dir,
+                                                                                 stopped):
+    out, pairs = stopped_run(stopped, tmp_path / "run")
+    f = out / "checkpoints" / "step-000002" / "optim.pt"
+    f.write_bytes(f.read_bytes()[:100])
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--save-every", "1",
+                                           "--resume"))
+    assert code == 0 and f"warning: {f}: missing, truncated or changed since the checkpoint was written; trying " \
+        "an older checkpoint" in err
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # steps 2 and 3 recomputed from the step-1 checkpoint
+    before = [json.loads(x) for x in (stopped[0] / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kl"], r["loss"]) for r in rows[:2]] == [(r["kl"], r["loss"]) for r in before[:2]]  # exact resume
+
+
+def test_resume_of_a_finished_run_and_a_second_writer_are_refused(tmp_path, capsys, tiny_model_dir, pairs):
+    from opct.train.loop import acquire_lock
+
+    out = tmp_path / "run"
+    assert cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1"))[0] == 0
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1", "--resume"))
+    assert code == 2 and f"{out}: this run already finished (run.json)" in err
+    busy = tmp_path / "busy"
+    held = acquire_lock(busy)  # another process (flock locks are per open file, so this process counts too)
+    try:
+        code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, busy, "--steps", "1", "--resume"))
+    finally:
+        held.close()
+    assert code == 2 and f"{busy}: another opct process is writing this directory" in err
+    assert not looks_finished(busy)
+
+
+# ---- provenance -----------------------------------------------------------------------------------------
+
+
+def test_run_json_records_versions_device_and_the_git_commit(tmp_path, capsys, tiny_model_dir, pairs):
+    from opct.provenance import source_root
+
+    out = tmp_path / "run"
+    assert cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1"))[0] == 0
+    ex = json.loads((out / "run.json").read_text())["execution"]
+    assert {"opct", "torch", "transformers", "peft", "python", "device", "backend", "git"} <= set(ex)
+    root = source_root()
+    if root is None:
+        assert ex["git"] is None
+    else:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert ex["git"]["commit"] == head.stdout.strip() and isinstance(ex["git"]["dirty"], bool)
+
+
+def test_git_commit_is_none_outside_a_checkout_and_the_head_inside_one(tmp_path):
+    from opct.provenance import git_commit
+
+    assert git_commit(tmp_path) is None
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "f").write_text("x")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert git_commit(repo) == {"commit": head, "dirty": False}
+    (repo / "f").write_text("y")
+    assert git_commit(repo)["dirty"] is True
+
+
+def test_version_flag(capsys):
+    from opct import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith(f"opct {__version__}")
+
+
+@pytest.mark.parametrize("name,base", [("smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+                                       ("someorg/some-model", "someorg/some-model")])
+def test_adapters_name_their_base_by_a_name_that_loads_elsewhere(tmp_path, name, base):
+    from opct.models import SMOLLM2, adapter_base
+    from opct.train.loop import record_base_model
+
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/root/.cache/opct/models/x"}))
+    record_base_model(d, name)
+    assert json.loads((d / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    if name == SMOLLM2["alias"]:
+        info = json.loads((d / "opct-base.json").read_text())
+        assert info["alias"] == name and info["sha256"] == SMOLLM2["sha256"] and adapter_base(d) == name
+    else:
+        assert not (d / "opct-base.json").exists() and adapter_base(d) == base
+
+
+def test_a_trained_adapter_dir_is_what_eval_loads(tmp_path, capsys, tiny_model_dir, pairs):
+    out = tmp_path / "run"
+    assert cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "2", "--save-every", "1"))[0] == 0
+    for f in [out / "model", *(out / "model").iterdir(), *(out / "checkpoints").rglob("*")]:
+        assert f.stat().st_mode & 0o777 == (0o755 if f.is_dir() else 0o644), f  # readable on a shared machine
+    base = json.loads((out / "model" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == str(tiny_model_dir)  # a local path stays as typed
+    code, err, stdout = cli(capsys, "eval", "--model", out / "model", "--n-eval", "4", "--cued-n", "2")
+    assert code == 0 and "clean_accuracy" in stdout
+
+
+# ---- further bad input (the sweep in docs/reliability.md) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("text,expect", [
+    (b"lr: 1e-4\nstpes: 3\n", "c.yaml:2: unknown option 'stpes' (did you mean 'steps'?)"),
+    (b"steps: 2\nlr: 1e-4\nsteps: 3\n", "c.yaml:3: option 'steps' is given twice (first on line 1)"),
+    (b"steps: 2\n# caf\xe9\n", "c.yaml:2: not UTF-8 text"),
+    (b"steps: 2\nlr: [1\n", "c.yaml:3: invalid YAML (expected ',' or ']'"),
+    (b"1: 2\n", "c.yaml:1: option names are words, got 1"),
+    (b"save_every: 2.5\n", "c.yaml:1: option 'save_every' must be int, got 2.5"),
+    (b"- steps: 2\n", "c.yaml: expected a mapping of option: value"),
+])
+def test_bad_config_files(tmp_path, capsys, text, expect):
+    (tmp_path / "c.yaml").write_bytes(text)
+    code, err, _ = cli(capsys, "train", "--config", tmp_path / "c.yaml", "--out", tmp_path / "out")
+    assert code == 2 and expect in err and not (tmp_path / "out").exists()
+
+
+def test_config_files_say_what_users_write(tmp_path):
+    import argparse
+
+    from opct import config
+
+    y = tmp_path / "c.yaml"
+    y.write_bytes(b"\xef\xbb\xbfsteps: 1e3\nsave_every: 20.0\nlr: 1e-4\n")  # a byte-order mark, YAML 1.1 numbers
+    p = argparse.ArgumentParser()
+    config.add_arguments(p, config.TrainConfig)
+    cfg = config.build(config.TrainConfig, p.parse_args(["--config", str(y)]))
+    assert (cfg.steps, cfg.save_every, cfg.lr) == (1000, 20, 1e-4)
+
+
+def test_an_unreadable_or_directory_config(tmp_path, capsys, monkeypatch):
+    code, err, _ = cli(capsys, "train", "--config", tmp_path)
+    assert code == 2 and f"{tmp_path}: is a directory, not a config file" in err
+    y = tmp_path / "c.yaml"
+    y.write_text("steps: 1\n")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    code, err, _ = cli(capsys, "train", "--config", y)
+    assert code == 2 and f"{y}: cannot read it (Permission denied)" in err
+
+
+def test_pairs_path_that_is_a_directory_and_a_byte_order_mark(tmp_path, capsys, tiny_model_dir):
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, tmp_path, tmp_path / "out"))
+    assert code == 2 and f"{tmp_path}: is a directory, not a JSONL file" in err
+    from opct.data.pairs import load_pairs
+
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n")  # Notepad's UTF-8
+    assert len(load_pairs(bom)) == 1
+
+
+def test_outputs_that_are_files_or_directories(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    code, err, _ = cli(capsys, "eval", "--out", tmp_path)
+    assert code == 2 and "is a directory; give a file name for the JSON results" in err
+    code, err, _ = cli(capsys, "eval", "--out", tmp_path / "afile" / "r.json")
+    assert code == 2 and f"{tmp_path / 'afile'} is a file, not a directory" in err
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        code, err, _ = cli(capsys, "demo", "--out", out)
+        assert code == 2 and f"--out {out}: cannot be used as the output directory: {tmp_path / 'afile'} is a file" \
+            in err
+
+
+def test_eval_on_directories_that_are_not_models(tmp_path, capsys, tiny_model_dir, stopped):
+    run, _ = stopped
+    for d, expect in [(tmp_path, "not a model directory (no config.json or adapter_config.json)"),
+                      (run, f"an opct run keeps its trained model in {run / 'model'}"),
+                      (run / "checkpoints" / "step-000001", "this is a training checkpoint")]:
+        code, err, _ = cli(capsys, "eval", "--model", d, "--n-eval", "4")
+        assert code == 2 and str(d) in err and expect in err
+
+
+def test_empty_names_and_a_file_that_is_not_a_model(tmp_path, capsys, pairs):
+    assert cli(capsys, "eval", "--model", "")[1].endswith("option --model must name a model, got ''\n")
+    assert "option --out must name an output directory, got ' '" in cli(capsys, "train", "--out", " ")[1]
+    code, err, _ = cli(capsys, "eval", "--model", pairs)
+    assert code == 2 and f"{pairs}: is a file but not a .gguf model" in err
+
+
+def test_an_adapter_whose_base_is_gone(tmp_path, capsys, tiny_model_dir, pairs):
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    out = tmp_path / "run"
+    assert cli(capsys, *train_args(base, pairs, out, "--steps", "1"))[0] == 0
+    shutil.rmtree(base)
+    code, err, _ = cli(capsys, "eval", "--model", out / "model", "--n-eval", "4")
+    assert code == 2 and f"the adapter's base model {base} (base_model_name_or_path) does not exist" in err
+
+
+def test_missing_optional_pieces_and_unknown_tasks(tmp_path, capsys, monkeypatch, tiny_model_dir, pairs):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, tmp_path / "out", "--sampler", "vllm"))
+    assert code == 2 and "--sampler vllm needs vllm installed" in err and not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    # (an unknown task name is the same TaskError, raised once lm-eval has indexed its tasks: ~15 s, not run here)
+    code, err, _ = cli(capsys, "eval", "--tasks", " , ", "--model", "x/y")
+    assert code == 2 and "--tasks ' , ': give a suite" in err
+
+
+def test_report_on_a_broken_results_file(tmp_path, capsys):
+    (tmp_path / "results.json").write_text('{"methods": \n')
+    code, err, _ = cli(capsys, "report", tmp_path)
+    assert code == 2 and f"{tmp_path / 'results.json'}:2: not valid JSON" in err
+    (tmp_path / "results.json").write_text("[]")
+    code, err, _ = cli(capsys, "report", tmp_path)
+    assert code == 2 and "expected a JSON object" in err
+
+
+def test_warnings_go_to_stderr_and_a_resume_without_checkpoint_says_so(tmp_path, capsys, tiny_model_dir, pairs):
+    out = tmp_path / "run"
+    code, err, stdout = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "1", "--resume"))
+    assert code == 0 and f"opct: {out}: no checkpoint yet; starting from step 0" in err and "no checkpoint" \
+        not in stdout
+
+
+def test_an_interrupted_demo_says_it_did_not_finish(tmp_path, capsys, tiny_model_dir, monkeypatch):
+    import opct.algo.opct
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(opct.algo.opct, "train", interrupted)  # Ctrl-C while OPCT trains
+    out = tmp_path / "demo"
+    code, err, _ = cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, "--n-train", "6", "--n-eval", "4",
+                       "--cued-n", "2", "--steps", "1", "--methods", "opct", "--probe-every", "0", "--capability", "")
+    assert code == 130 and "opct: interrupted; the demo did not finish (no results.json): run it again with a new " \
+        "--out" in err
+    assert not (out / "results.json").exists()
