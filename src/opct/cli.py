@@ -210,8 +210,6 @@ def user_errors() -> tuple[type[Exception], ...]:
     from opct.backends import BackendError
     from opct.data.harmful import HarmfulDataError
     from opct.data.mcq import McqError
-    from opct.data.safety import SafetyDataError
-    from opct.judges.safety import JudgeError
     from opct.data.pairs import PairsError
     from opct.data.safety import SafetyDataError
     from opct.evals.capability import TaskError
