@@ -158,3 +158,42 @@ def test_resume_with_another_process_count_is_refused(setup, tiny_model_dir):
     p = subprocess.run(command(tiny_model_dir, pairs, out, 1, *base, "--resume"), capture_output=True, text=True,
                        timeout=300)
     assert p.returncode != 0 and "written by 2 process(es) (ddp), resumed with 1" in p.stderr
+
+
+def _on_main_worker(rank: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    from opct.train.distributed import DistributedError, Replicas
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    r = Replicas(rank, 2, "ddp")
+
+    def fail():
+        raise OSError(28, "No space left on device")
+    try:
+        r.on_main(fail)
+        q.put((rank, "returned"))
+    except DistributedError as e:
+        q.put((rank, f"DistributedError: {e}"))
+    except OSError as e:
+        q.put((rank, f"OSError: {e}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_failed_write_on_rank_0_stops_every_rank():
+    """Rank 0's write fails (a full disk): the other rank raises with rank 0's message instead of waiting at a
+    barrier until the process-group timeout."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_on_main_worker, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert got[0].startswith("OSError") and "No space left" in got[0]
+    assert got[1].startswith("DistributedError: rank 0 failed") and "No space left" in got[1]

@@ -65,10 +65,11 @@ def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Ge
     """Every data-parallel rank calls this (FSDP2 shards are gathered); rank 0 writes. Returns the path (rank 0)."""
     trainable = distributed.trainable_state(model)
     optim = distributed.optimizer_state(optimizer, replica)
-    if not replicas.is_main:
-        replicas.barrier()  # the checkpoint exists when every rank returns
-        return None
+    return replicas.on_main(lambda: _write(out, step, trainable, optim, scheduler, sample_gen, keep, replicas))
 
+
+def _write(out: Path, step: int, trainable: dict, optim: dict, scheduler, sample_gen, keep: int,
+           replicas: distributed.Replicas) -> Path:
     def write(d: Path):
         save_file({n: t.cpu() for n, t in trainable.items()}, str(d / "trainable.safetensors"))
         torch.save({"optimizer": optim, "scheduler": scheduler.state_dict()}, d / "optim.pt")
@@ -90,7 +91,6 @@ def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Ge
         except BaseException:  # Ctrl-C mid-delete: finish it, then stop
             shutil.rmtree(gone, ignore_errors=True)
             raise
-    replicas.barrier()
     return path
 
 

@@ -81,6 +81,24 @@ class Replicas:
         n = len(items) // self.world
         return items[self.rank * n:(self.rank + 1) * n]
 
+    def on_main(self, fn):
+        """fn() on rank 0 only (a write); every rank returns once it is done. If it fails, rank 0 raises its error
+        and every other rank a DistributedError quoting it, instead of waiting at a barrier until a timeout."""
+        if self.world == 1:
+            return fn()
+        if not self.is_main:
+            err = self.broadcast(None)
+            if err:
+                raise DistributedError(f"rank 0 failed, so this rank stops too: {err}")
+            return None
+        try:
+            out = fn()
+        except BaseException as e:
+            self.broadcast(f"{type(e).__name__}: {e}")
+            raise
+        self.broadcast(None)
+        return out
+
     def broadcast(self, obj):
         """Rank 0's value of a picklable object, on every rank."""
         if self.world == 1:

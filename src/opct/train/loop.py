@@ -396,21 +396,18 @@ def save_final(run: Run, summary: dict) -> Path:
     run.log.close()
     run.policy.close()
     state = gathered_state(run)
-    if not run.replicas.is_main:
-        run.replicas.barrier()
-        distributed.close(run.replicas)
-        return run.out
 
-    def write(d: Path):
-        run.model.save_pretrained(d, **({"state_dict": state} if state is not None else {}))
-        run.policy.tok.save_pretrained(d)
-    checkpoint.atomic_dir(run.out / "model", write)
-    record_base_model(run.out / "model", run.cfg.model)
-    info = {"config": dataclasses.asdict(run.cfg), "model_dir": str(run.out / "model"),
-            "adapter": run.cfg.lora_rank > 0, "execution": run.provenance,
-            "wall_seconds": time.perf_counter() - run.t_start, "steps": run.cfg.steps, **summary}
-    write_json(run.out / "run.json", info)
-    run.replicas.barrier()
+    def finish():
+        def write(d: Path):
+            run.model.save_pretrained(d, **({"state_dict": state} if state is not None else {}))
+            run.policy.tok.save_pretrained(d)
+        checkpoint.atomic_dir(run.out / "model", write)
+        record_base_model(run.out / "model", run.cfg.model)
+        info = {"config": dataclasses.asdict(run.cfg), "model_dir": str(run.out / "model"),
+                "adapter": run.cfg.lora_rank > 0, "execution": run.provenance,
+                "wall_seconds": time.perf_counter() - run.t_start, "steps": run.cfg.steps, **summary}
+        write_json(run.out / "run.json", info)
+    run.replicas.on_main(finish)  # rank 0 writes; a failed write stops every rank
     distributed.close(run.replicas)
     return run.out
 
