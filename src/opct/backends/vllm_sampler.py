@@ -127,6 +127,8 @@ class _Closing:
     def _remove_dirs(self) -> None:
         if getattr(self, "rpc_dir", None):
             shutil.rmtree(self.rpc_dir, ignore_errors=True)
+            if os.environ.get("VLLM_RPC_BASE_PATH") == str(self.rpc_dir):  # not left pointing at a deleted
+                del os.environ["VLLM_RPC_BASE_PATH"]  # directory for later processes to inherit
         if self.own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
