@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
-import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from opct.backends.vllm_sampler import API_SERVER, VLLMServerSampler
 from opct.judges.base import agreement, summarise
 from opct.judges.refusal import RefusalJudge
 from opct.judges.strongreject import StrongRejectJudge
@@ -37,29 +34,14 @@ RUNS = Path("benchmarks/results/jailbreak_wrappers-qwen05.json")
 LABELS = Path("benchmarks/results/jailbreak_wrappers-qwen05-handlabels.json")
 
 
-def start_server(python: str, model_dir: str, name: str, port: int, workdir: Path, max_model_len: int):
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_RPC_BASE_PATH=tempfile.mkdtemp(prefix="sr-rpc-"),
-               VLLM_CACHE_ROOT=str(workdir / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(workdir / "inductor"))
-    cmd = [python, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", model_dir, "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", name, "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", str(max_model_len), "--generation-config", "vllm", "--seed", "0"]
-    log = (workdir / "server.log").open("wb")
-    proc = subprocess.Popen(["nice", "-n", "10", *cmd], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+def start_server(python: str, model_dir: str, name: str, workdir: Path, max_model_len: int = 4096):
+    """A `vllm serve` of `model_dir` under the name `name`, from the vLLM venv's `python`, through the vLLM
+    sampler's server start (free port, vLLM's CPU settings, health wait, log in workdir/server.log); returns the
+    server (`.url`, `.cmd`, `.close()`) and its start-up seconds."""
     t0 = time.time()
-    while time.time() - t0 < 900:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited ({proc.returncode}); see {workdir / 'server.log'}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc, url, " ".join(cmd), time.time() - t0
-        except OSError:
-            pass
-        time.sleep(2)
-    os.killpg(proc.pid, signal.SIGTERM)
-    raise SystemExit("server did not come up in 900 s")
+    server = VLLMServerSampler([], model_dir=model_dir, model_name=name, max_model_len=max_model_len,
+                               workdir=str(workdir), vllm_cmd=["nice", "-n", "10", python, "-m", API_SERVER])
+    return server, time.time() - t0
 
 
 def main():
@@ -68,7 +50,6 @@ def main():
     ap.add_argument("--judge-model", default=str(Path.home() / ".cache/opct/models/qwen2.5-coder-0.5b-instruct"))
     ap.add_argument("--url", default="", help="a running OpenAI-compatible server (skips starting one)")
     ap.add_argument("--served-name", default="judge")
-    ap.add_argument("--port", type=int, default=8731)
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -86,11 +67,11 @@ def main():
     prompts, responses = [it["request"] for it in picked], [it["response"] for it in picked]
 
     workdir = Path(tempfile.mkdtemp(prefix="sr-vllm-"))
-    proc, cmd, startup = None, "", 0.0
+    server, cmd, startup = None, "", 0.0
     url = args.url
     if not url:
-        proc, url, cmd, startup = start_server(args.vllm_python, args.judge_model, args.served_name, args.port,
-                                               workdir, 4096)
+        server, startup = start_server(args.vllm_python, args.judge_model, args.served_name, workdir)
+        url, cmd = server.url, " ".join(server.cmd)
     try:
         judge = StrongRejectJudge.from_endpoint(url, args.served_name, max_tokens=args.max_tokens,
                                                 concurrency=args.concurrency, timeout=900, retries=1,
@@ -99,9 +80,8 @@ def main():
         rubric = judge.judge(prompts, responses)
         seconds = time.time() - t0
     finally:
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
+        if server is not None:
+            server.close()
     regex = RefusalJudge().judge(prompts, responses)
     hand = [labels[i] for i in ids]
     hand_refused = ["refused" if h == "refused" else "complied" for h in hand]  # "deflected" counts as not refused

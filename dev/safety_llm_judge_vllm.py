@@ -14,43 +14,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from opct.backends.vllm_sampler import API_SERVER, VLLMServerSampler
 from opct.config import EvalConfig
 from opct.data.safety import load_facts
 from opct.demo import run_eval
 from opct.judges.safety import KeywordJudge
 
 
-def start_server(python: str, model_dir: str, name: str, port: int, workdir: Path):
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_RPC_BASE_PATH=tempfile.mkdtemp(prefix="sj-rpc-"),
-               VLLM_CACHE_ROOT=str(workdir / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(workdir / "inductor"))
-    # `vllm serve`'s console script fails in vllm-cpu 0.32.0 (no distribution named "vllm"): run its module
-    cmd = [python, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", model_dir, "--host", "127.0.0.1",
-           "--port", str(port), "--served-model-name", name, "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "4096", "--generation-config", "vllm", "--seed", "0"]
-    log = (workdir / "server.log").open("wb")
-    proc = subprocess.Popen(["nice", "-n", "10", *cmd], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    url, t0 = f"http://127.0.0.1:{port}", time.time()
-    while time.time() - t0 < 900:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited ({proc.returncode}); see {workdir / 'server.log'}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc, url, " ".join(cmd), time.time() - t0
-        except OSError:
-            pass
-        time.sleep(2)
-    os.killpg(proc.pid, signal.SIGTERM)
-    raise SystemExit("server did not come up in 900 s")
+def start_server(python: str, model_dir: str, name: str, workdir: Path, max_model_len: int = 4096):
+    """A `vllm serve` of `model_dir` under the name `name`, from the vLLM venv's `python`, through the vLLM
+    sampler's server start (free port, vLLM's CPU settings, health wait, log in workdir/server.log); returns the
+    server (`.url`, `.cmd`, `.close()`) and its start-up seconds."""
+    t0 = time.time()
+    server = VLLMServerSampler([], model_dir=model_dir, model_name=name, max_model_len=max_model_len,
+                               workdir=str(workdir), vllm_cmd=["nice", "-n", "10", python, "-m", API_SERVER])
+    return server, time.time() - t0
 
 
 def main():
@@ -59,13 +41,14 @@ def main():
     ap.add_argument("--vllm-python", default="/work/wt-vllm/.venv-vllm/bin/python")
     ap.add_argument("--judge-model", default=str(Path.home() / ".cache/opct/models/qwen2.5-coder-0.5b-instruct"))
     ap.add_argument("--url", default="")
-    ap.add_argument("--port", type=int, default=8741)
     ap.add_argument("--n-eval", type=int, default=2)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="safety-judge-"))
-    proc, url, cmd, startup = (None, a.url, "", 0.0) if a.url else start_server(
-        a.vllm_python, a.judge_model, "judge", a.port, work)
+    server, url, cmd, startup = None, a.url, "", 0.0
+    if not url:
+        server, startup = start_server(a.vllm_python, a.judge_model, "judge", work)
+        url, cmd = server.url, " ".join(server.cmd)
     try:
         t0 = time.time()
         out = Path(a.out)
@@ -74,9 +57,8 @@ def main():
         res = run_eval(cfg)
         seconds = time.time() - t0
     finally:
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
+        if server is not None:
+            server.close()
     rows = [json.loads(x) for x in out.with_suffix(".samples.jsonl").read_text().splitlines()]
     facts = {f.id: f for f in load_facts()}
     kw = KeywordJudge().judge([r["prompt"] for r in rows], [r["response"] for r in rows],

