@@ -184,7 +184,8 @@ def length_prompts(n: int, prompt_tokens: int, tokenizer, seed: int = 0, toleran
             lengths.append(length)
             used.append(names)
     out = [{"student": m, "privileged_context": rng.choice(JAILBREAK_CONTEXTS)} for m in items]
-    info = {"kind": kind, "target_tokens": prompt_tokens, "band": [lo, hi], "single_turn_wrappers": len(single),
+    info = {"kind": kind, "target_tokens": prompt_tokens, "band": [round(lo, 1), round(hi, 1)],
+            "single_turn_wrappers": len(single),
             "min_tokens": min(lengths, default=0), "max_tokens": max(lengths, default=0),
             "mean_tokens": sum(lengths) / max(len(lengths), 1), "wrappers": used}
     return out, info
@@ -203,6 +204,14 @@ def workload_prompts(n: int, seed: int = 0, prompt_tokens: int | None = None,
 
     tok = AutoTokenizer.from_pretrained(resolve(model or "smollm2-135m-instruct"))
     return length_prompts(n, prompt_tokens, tok, seed=seed)
+
+
+def prompt_summary(info: dict) -> dict:
+    """`info` of workload_prompts for a result JSON: the per-item wrapper lists folded into the sorted set used."""
+    out = {k: v for k, v in info.items() if k != "wrappers"}
+    if "wrappers" in info:
+        out["wrappers_used"] = sorted({name for names in info["wrappers"] for name in names})
+    return out
 
 
 def teacher_messages(item: dict) -> list[dict]:

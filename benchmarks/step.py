@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import peak_rss_mb, teacher_messages, workload_prompts  # noqa: E402
+from common import peak_rss_mb, prompt_summary, teacher_messages, workload_prompts  # noqa: E402
 
 
 def children_peak_rss_mb() -> float:
@@ -109,7 +109,7 @@ def main() -> None:
         "peak_rss_mb": self_rss + child_rss if vllm else self_rss,
         "peak_rss_self_mb": self_rss, "peak_rss_children_mb": child_rss,
         "wall_s_including_load": wall,
-        "prompts": {k: v for k, v in prompt_info.items() if k != "wrappers"},
+        "prompts": prompt_summary(prompt_info),
         "config": {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "lora_rank": a.lora_rank,
                    "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "loss": a.loss,
                    "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler},

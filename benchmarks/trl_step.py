@@ -47,7 +47,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import median, peak_rss_mb, workload_prompts  # noqa: E402
+from common import median, peak_rss_mb, prompt_summary, workload_prompts  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -214,7 +214,7 @@ def main(argv=None):
         "decode_s_per_token": median([p.get("generate", 0.0) / max(t["decode_steps"], 1)
                                       for p, t in zip(phases_m, tokens_m)]),
         "decode_s_per_token_includes": "transformers generate: prompt prefill and decode steps",
-        "prompts": {k: v for k, v in prompt_info.items() if k != "wrappers"},
+        "prompts": prompt_summary(prompt_info),
         # Contention check: with the machine to itself, CPU seconds per wall second sit near the thread
         # count during the matmul-heavy phases; well below it (or a load average above the core count)
         # means another process was competing and the step times are inflated.

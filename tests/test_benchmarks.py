@@ -193,3 +193,9 @@ def test_vllm_max_model_len_raised_only_when_needed(mods, tiny_model_dir, monkey
     assert need > 2048 and need == mods["common"].prompt_length(
         __import__("transformers").AutoTokenizer.from_pretrained(tiny_model_dir), long[0]["student"]) + 64
     assert vs.VLLMSampler is not original and issubclass(vs.VLLMSampler, original)
+
+
+def test_prompt_summary_folds_wrapper_lists(mods):
+    info = {"kind": "multi-turn", "band": [1, 2], "wrappers": [["b", "a"], ["a"], ["c"]]}
+    assert mods["common"].prompt_summary(info) == {"kind": "multi-turn", "band": [1, 2], "wrappers_used": ["a", "b", "c"]}
+    assert mods["common"].prompt_summary({"kind": "bench_prompts"}) == {"kind": "bench_prompts"}
