@@ -251,7 +251,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch threads of every side (default: each side's)")
-    p.add_argument("--contention", action="store_true", help="run every side next to vs_trl's busy loop")
+    p.add_argument("--contention", nargs="?", const="own", choices=["own", "same"], default=None,
+                   help="run every side next to vs_trl's busy loop (own session, or `same`)")
     p.add_argument("--out", required=True, help="results JSON; resumed (finished cells skipped) when it exists")
     args = p.parse_args(argv)
 
@@ -271,7 +272,7 @@ def main(argv=None):
         sys.exit(f"cost_growth.py: {e}")
     results["config"]["sides"] = sorted(set(results["config"].get("sides", [])) | set(sides), key=SIDES.index)
     if args.contention:
-        results["contention"] = BusyLoop().describe()
+        results["contention"] = BusyLoop(new_session=args.contention != "same").describe()
 
     scripts = {"opct": Side("opct", OPCT_STEP), "trl": Side("trl", TRL_STEP),
                "opct_vllm": Side("opct_vllm", OPCT_STEP, python=args.vllm_python, extra=["--sampler", "vllm"])}

@@ -53,7 +53,7 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=32, help="0 = full fine-tuning")
     p.add_argument("--steps", type=int, default=5, help="measured steps")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured first steps")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0, help="0 = opct's default policy (auto: the free cores)")
     p.add_argument("--loss", default="sampled")
     p.add_argument("--backend", default="cpu", choices=["cpu", "hf"], help="opct's execution backend")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -70,7 +70,6 @@ def main() -> None:
     from opct.data.io import read_jsonl
     from opct.data.pairs import ConsistencyPair
 
-    torch.set_num_threads(a.threads)
     n_steps = a.warmup + a.steps
     items, prompt_info = workload_prompts(a.batch * n_steps, prompt_tokens=a.prompt_tokens, model=a.model)
     pairs = [ConsistencyPair(it["student"], teacher_messages(it)) for it in items]
@@ -81,8 +80,8 @@ def main() -> None:
         cfg = TrainConfig(model=a.model, out=os.path.join(d, "run"), steps=n_steps, prompts_per_step=a.batch,
                           micro_batch=a.batch, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
                           lora_rank=a.lora_rank, lora_alpha=2.0 * a.lora_rank, lr=1e-5, save_every=0,
-                          tensorboard=False, loss=a.loss, device="cpu", backend=a.backend, dtype=a.dtype,
-                          sampler=a.sampler)
+                          tensorboard=False, loss=a.loss, threads=a.threads, device="cpu", backend=a.backend,
+                          dtype=a.dtype, sampler=a.sampler)
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0
@@ -95,6 +94,8 @@ def main() -> None:
         "side": "opct_vllm" if vllm else "opct",
         "median_step_s": med("step_seconds"),
         "steps_s": [r["step_seconds"] for r in rows],
+        "threads_per_step": [r.get("threads") for r in rows],
+        "others_busy_cores_per_step": [r.get("others_busy_cores") for r in rows],
         "phases_s": {"sample": med("time_sample"), "teacher": med("time_teacher"), "student": med("time_student"),
                      "optim": med("time_optim"), "decode": med("decode_seconds")},
         "tokens_per_s": med("tokens_per_s"),

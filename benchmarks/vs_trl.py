@@ -22,8 +22,10 @@ TRL: `generate`, prefill included); the summary lists them together and their ra
 
 `--contention` runs every side under the same load: for the duration of each run a busy-loop process (plain
 Python integer arithmetic from a fixed seed, `nice 19`, pinned to the last core with sched_setaffinity) is
-started before the run and killed after it. `others_busy_cores` of each run then shows the load it ran under
-(about 1 when the busy process gets its core); the bounds are measured without it.
+started before the run and killed after it, in a session of its own like another user's job (`--contention same`:
+in this session, where autogroup scheduling lets nice 19 yield to the benchmark; see `BusyLoop`).
+`others_busy_cores` of each run then shows the load it ran under (about 1 when the busy process gets its core);
+the bounds are measured without it.
 
 Summary per configuration: each side's median over all measured steps (every round pooled), the median
 per-phase split across rounds, the largest peak RSS, `ratio` = opct / TRL for step time and peak RSS (the
@@ -103,23 +105,31 @@ import os, sys
 os.nice(19)
 if hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, {int(sys.argv[1])})
-x = int(sys.argv[2])
-while True:
-    x = (x * 1103515245 + 12345) % 2147483648
+x, parent = int(sys.argv[2]), int(sys.argv[3])
+while os.getppid() == parent:  # stops by itself if the benchmark dies without killing it
+    for _ in range(1000000):
+        x = (x * 1103515245 + 12345) % 2147483648
 """
 
 
 class BusyLoop:
     """A seeded busy-loop process at nice 19 pinned to `core` (default the last one) while the `with` block runs:
-    contention that is the same for every side. It is killed and waited for on exit."""
+    contention that is the same for every side. It is killed and waited for on exit.
 
-    def __init__(self, core: int | None = None, seed: int = 0):
+    `new_session` (default): the loop runs in a session of its own (setsid), like another user's job. Under
+    autogroup scheduling (Linux's default, /proc/sys/kernel/sched_autogroup_enabled) nice only orders processes
+    within one session, so such a loop takes its core whatever its nice value; in the benchmark's own session
+    (`new_session=False`) nice 19 makes it yield to the benchmark (docs/speed.md, "a busy machine")."""
+
+    def __init__(self, core: int | None = None, seed: int = 0, new_session: bool = True):
         self.core = (os.cpu_count() or 1) - 1 if core is None else core
         self.seed = seed
+        self.new_session = new_session
         self.proc = None
 
     def __enter__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(self.core), str(self.seed)])
+        self.proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(self.core), str(self.seed), str(os.getpid())],
+                                     start_new_session=self.new_session)
         return self
 
     def __exit__(self, *exc):
@@ -128,6 +138,7 @@ class BusyLoop:
 
     def describe(self) -> dict:
         return {"on": True, "core": self.core, "nice": 19, "seed": self.seed,
+                "session": "own (setsid)" if self.new_session else "the benchmark's",
                 "what": "python integer LCG loop, one process, for the duration of each side's run"}
 
 
@@ -311,16 +322,17 @@ def workload_flags(prompt_tokens: int | None) -> list[str]:
     return [] if prompt_tokens is None else ["--prompt-tokens", str(prompt_tokens)]
 
 
-def run_side(side: Side, flags: list[str], contention: bool = False, threads: int | None = None) -> dict:
-    """One run of one side, next to a BusyLoop when `contention` (started before the run, killed after it).
+def run_side(side: Side, flags: list[str], contention: bool | str = False, threads: int | None = None) -> dict:
+    """One run of one side, next to a BusyLoop when `contention` (started before the run, killed after it; "same":
+    in this session, else in a session of its own).
     `threads`: torch threads (step.py's --threads; OMP_NUM_THREADS for every side); None keeps each side's default."""
     if threads is not None and side.script != TRL_STEP:
         flags = flags + ["--threads", str(threads)]
     if not contention:
         return run_json(side.script, flags + side.extra, side.python, threads)
-    with BusyLoop():
+    with BusyLoop(new_session=contention != "same"):
         result = run_json(side.script, flags + side.extra, side.python, threads)
-    result["contention"] = True
+    result["contention"] = "same session" if contention == "same" else "own session"
     return result
 
 
@@ -372,10 +384,12 @@ def main(argv=None):
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
     p.add_argument("--vllm-python", metavar="PATH",
                    help="also run opct with the vLLM sampler (step.py --sampler vllm) under this interpreter")
-    p.add_argument("--contention", action="store_true",
-                   help="run every side next to a nice-19 busy loop pinned to the last core")
+    p.add_argument("--contention", nargs="?", const="own", choices=["own", "same"], default=None,
+                   help="run every side next to a nice-19 busy loop pinned to the last core, in a session of its "
+                        "own (default, like another user's job) or in this one (`--contention same`)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads of every side and the bounds (default: step.py's 2, TRL's torch default)")
+                   help="torch threads of every side and the bounds (default: each side's own: opct's thread "
+                        "policy, TRL's torch default, bounds.py's 2)")
     p.add_argument("--no-bounds", action="store_true", help="skip benchmarks/bounds.py (no vs_bounds tables)")
     args = p.parse_args(argv)
 
@@ -411,7 +425,8 @@ def main(argv=None):
                           + (["--threads", str(args.threads)] if args.threads else []), threads=args.threads)
 
     summary = {"config": vars(args), "bounds": bounds, "configs": {}, "notes": [],
-               "contention": BusyLoop().describe() if args.contention else {"on": False}}
+               "contention": (BusyLoop(new_session=args.contention != "same").describe() if args.contention
+                              else {"on": False})}
     if not have_opct:
         summary["notes"].append(f"{args.opct_step} not found: TRL reported alone")
     # Timings only mean something on an otherwise idle machine: with 2 cores, one competing process

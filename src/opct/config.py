@@ -43,7 +43,9 @@ class ExecConfig:
     backend: str = opt("auto", "execution backend: hf = plain transformers + PEFT, any device/dtype (the reference); "
                        "cpu = opct's CPU kernels (float32 CPU only); auto = cpu where it applies, else hf",
                        choices=["auto", "hf", "cpu"], group=EXEC)
-    threads: int = opt(0, "torch CPU threads (0 = torch default)", group=EXEC)
+    threads: int = opt(0, "torch CPU threads; 0 = auto: torch's default, lowered between steps to the cores other "
+                       "processes leave free (env OPCT_THREADS; a fixed count makes runs bit-reproducible under any "
+                       "load)", group=EXEC)
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on.
     cpu_gemm: str = opt("onednn", "fp32 matmuls of the forward/backward through oneDNN or torch's own kernels "
@@ -72,7 +74,7 @@ class ExecConfig:
 # what config.yaml and run.json record).
 ENV_OVERRIDES = {"OPCT_CPU_GEMM": "cpu_gemm", "OPCT_PACK_WEIGHTS": "pack_weights",
                  "OPCT_DECODE_MATMUL": "decode_matmul", "OPCT_KEEP_FREED_MEMORY": "keep_freed_memory",
-                 "THP_MEM_ALLOC_ENABLE": "huge_pages"}
+                 "THP_MEM_ALLOC_ENABLE": "huge_pages", "OPCT_THREADS": "threads"}
 
 
 @dataclass
@@ -358,6 +360,10 @@ def apply_env_overrides(cfg, environ=None):
             if raw not in ("0", "1"):
                 raise ConfigError(f"environment variable {var}={raw!r}: expected 0 or 1")
             values[name] = raw == "1"
+        elif _kind(known[name]) is int:
+            if not raw.isdigit():
+                raise ConfigError(f"environment variable {var}={raw!r}: expected a whole number >= 0")
+            values[name] = int(raw)
         else:
             choices = known[name].metadata.get("choices")
             if choices and raw not in choices:

@@ -19,9 +19,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
+from opct import threads
 from opct.config import DemoConfig, EvalConfig, SFTConfig, TrainConfig, exec_settings, to_yaml
 from opct.data.io import atomic_write, write_json
 
@@ -44,8 +44,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     from opct.backends import load_for_inference
 
     axis = get_axis(cfg.axis)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads.use(cfg.threads)
     model, tok = load_for_inference(cfg.model, cfg)
     data = axis.prepare(cfg, tok)
     samples = Path(cfg.out).with_suffix(".samples.jsonl") if cfg.out else None
@@ -119,8 +118,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     methods = [m.strip() for m in cfg.methods.split(",") if m.strip()]
     if set(methods) - {"sft", "opct"}:
         raise RunError(f"--methods takes sft and/or opct, got {cfg.methods!r}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads.use(cfg.threads)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from opct import threads
 from opct.data.pairs import ConsistencyPair
 
 
@@ -122,6 +123,7 @@ def generate(model, tok, chats: list[list[dict]], cfg, max_new_tokens: int, temp
     model.eval()
     out: list[str | None] = [None] * len(ids)
     for start in range(0, len(order), batch_size):
+        threads.adjust()  # CPU threads: as many as other processes leave free (opct/threads.py)
         rows = order[start:start + batch_size]
         prompts = [ids[i] for i in rows]
         if backend == "cpu":

@@ -5,7 +5,7 @@
     for step in steps(run, cfg, "opct"):  the progress bar over the remaining steps
         row = step_fn(...)                an algorithm's forward/backward work (opct_step, sft_step)
         row |= optimizer_step(run, cfg)   clip, AdamW, schedule, zero grads, policy.after_step()
-        end_step(run, cfg, step, row)     probe, metrics.jsonl + TensorBoard, checkpoint
+        end_step(run, cfg, step, row)     probe, metrics.jsonl + TensorBoard, checkpoint, CPU thread count
     save_final(run, cfg, summary)         model/ (PEFT adapter or full model), then run.json
 """
 
@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 import opct
-from opct import backends
+from opct import backends, threads
 from opct.backends.base import Policy
 from opct.config import RunConfig, apply_env_overrides, to_yaml, validate
 from opct.data.io import atomic_write, write_json
@@ -197,8 +197,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
         if not cfg.pairs:
             raise RunError("no pairs: pass --pairs FILE.jsonl")
         pairs = load_pairs(cfg.pairs)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads.use(cfg.threads)
     seed_everything(cfg.seed)
     model, tok = load_model(cfg.model, device=device, dtype=dtype)
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 2048)
@@ -241,6 +240,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     log = MetricsLog(out, resume_step=start, tensorboard=cfg.tensorboard) if replicas.is_main else NullLog()
     provenance = {**policy.describe(), "env_overrides": env, **versions(),
                   **({"processes": replicas.world, "parallel": replicas.mode} if replicas.world > 1 else {})}
+    threads.adjust()  # the first step's thread count, from the load time that passed since threads.use
     return Run(cfg, out, policy, rendered, params, optimizer, scheduler, gen, start, log, provenance, t_start, lock,
                replicas)
 
@@ -329,6 +329,9 @@ def end_step(run: Run, step: int, row: dict, probe, probe_every: int, bar, show:
     if probe and probe_every and ((step + 1) % probe_every == 0 or step + 1 == cfg.steps):
         row.update(probe(run.model, run.policy.tok) or {})
     row["peak_mem_mb"] = peak_rss_mb()
+    row["threads"] = torch.get_num_threads()
+    if threads.others_busy() is not None:  # why the count is what it is (opct/threads.py)
+        row["others_busy_cores"] = round(threads.others_busy(), 3)
     run.log.log(row)
     warn_divergence(run, row)
     bar.set_postfix({k: f"{row[k]:.3f}" for k in ("kl", "loss") if k in row} | {"s": f"{row['step_seconds']:.1f}"})
@@ -341,6 +344,7 @@ def end_step(run: Run, step: int, row: dict, probe, probe_every: int, bar, show:
     if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
         checkpoint.save(run.out, step + 1, run.model, run.optimizer, run.scheduler, run.gen, cfg.keep_checkpoints,
                         getattr(run.policy, "replica", None), run.replicas)
+    threads.adjust()  # the next step's CPU thread count (opct/threads.py)
     return row
 
 
