@@ -1,9 +1,27 @@
-"""Time opct training steps: `python benchmarks/step.py --model M --batch B --max-new-tokens T [--lora-rank R]`.
+"""Time opct training steps: `python benchmarks/step.py --model M --batch B --max-new-tokens T [--lora-rank R]
+[--prompt-tokens N] [--sampler vllm]`.
 
-Runs the real `opct.algo.opct.train` loop (same code path as `opct train`) on `bench_prompts` (~70-token chat prompts;
-the teacher sees the same prompt plus a short privileged context, as in the TRL comparison), discards `--warmup`
-steps and prints one JSON line: median step seconds, per-phase medians (sample / teacher / student / optim),
-tokens per second, token counts per step and the process's peak RSS.
+Runs the real `opct.algo.opct.train` loop (same code path as `opct train`) on `common.workload_prompts`: by default
+`bench_prompts` (~70-token chat prompts), with `--prompt-tokens N` jailbreak-wrapped behaviours of about N tokens
+with this model's tokenizer; the teacher sees the same prompt plus a short privileged context, as in the TRL
+comparison. Discards `--warmup` steps and prints one JSON line: median step seconds, per-phase medians (sample /
+teacher / student / optim, and decode: the part of `sample` spent decoding), tokens per second, token counts per
+step and the process's peak RSS.
+
+`--sampler vllm` samples with an in-process vLLM engine (fp32, LoRA adapter synced every step), exactly as `opct
+train --sampler vllm`; run it with an interpreter that has vllm installed (the vLLM venv). Then:
+  decode   = the whole `llm.generate` call of the step (prompt prefill, scheduling, sampling and the decode
+             steps in vLLM's engine process, plus the request round trip), not only the decode loop;
+  optim    includes the weight sync into vLLM (saving the adapter and loading it under a fresh id), which runs at
+           the end of the optimizer step; `sync_s` reports it alone;
+  peak_rss_mb = this process's peak + the largest peak of its child processes (vLLM's engine core runs in a child),
+             an upper bound of what both held at once (`peak_rss_self_mb` / `peak_rss_children_mb` apart).
+  The engine's `max_model_len` (2048 by default) is raised to the longest prompt + max_new_tokens when that is
+  longer (recorded as `vllm_max_model_len`).
+
+`decode_s_per_token`: seconds per decode step at batch B, the median over steps of decode seconds / decode steps
+(decode steps = the longest response of the step). On the cpu backend decode seconds are the decoder build and
+decode loop (the prompt prefill is excluded; `prefill_s` reports it); with vLLM see above.
 """
 
 import argparse
@@ -16,7 +34,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import bench_prompts, peak_rss_mb  # noqa: E402
+from common import peak_rss_mb, prompt_summary, teacher_messages, workload_prompts  # noqa: E402
+
+
+def children_peak_rss_mb() -> float:
+    """Largest peak RSS among this process's finished (waited-for) child processes, in MB."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 def main() -> None:
@@ -31,6 +57,10 @@ def main() -> None:
     p.add_argument("--loss", default="sampled")
     p.add_argument("--backend", default="cpu", choices=["cpu", "hf"], help="opct's execution backend")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
+                   help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
+    p.add_argument("--sampler", default="policy", choices=["policy", "vllm"],
+                   help="who samples: the training backend, or an in-process vLLM engine (needs vllm installed)")
     a = p.parse_args()
 
     import torch
@@ -41,23 +71,27 @@ def main() -> None:
     from opct.data.pairs import ConsistencyPair
 
     n_steps = a.warmup + a.steps
-    items = bench_prompts(a.batch * n_steps)
-    pairs = [ConsistencyPair(it["student"], it["student"][:-1] + [
-        {"role": "user", "content": it["student"][-1]["content"] + "\n\n" + it["privileged_context"]}])
-        for it in items]
+    items, prompt_info = workload_prompts(a.batch * n_steps, prompt_tokens=a.prompt_tokens, model=a.model)
+    pairs = [ConsistencyPair(it["student"], teacher_messages(it)) for it in items]
+    vllm_max_len = None
+    if a.sampler == "vllm":
+        vllm_max_len = patch_vllm_max_model_len(a.model, items, a.max_new_tokens)
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(model=a.model, out=os.path.join(d, "run"), steps=n_steps, prompts_per_step=a.batch,
                           micro_batch=a.batch, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
                           lora_rank=a.lora_rank, lora_alpha=2.0 * a.lora_rank, lr=1e-5, save_every=0,
-                          tensorboard=False, loss=a.loss, threads=a.threads, device="cpu", backend=a.backend, dtype=a.dtype)
+                          tensorboard=False, loss=a.loss, threads=a.threads, device="cpu", backend=a.backend,
+                          dtype=a.dtype, sampler=a.sampler)
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0
         rows = read_jsonl(os.path.join(d, "run", "metrics.jsonl"))[a.warmup:]
 
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
-    print(json.dumps({
-        "side": "opct",
+    vllm = a.sampler == "vllm"
+    self_rss, child_rss = peak_rss_mb(), children_peak_rss_mb()
+    result = {
+        "side": "opct_vllm" if vllm else "opct",
         "median_step_s": med("step_seconds"),
         "steps_s": [r["step_seconds"] for r in rows],
         "threads_per_step": [r.get("threads") for r in rows],
@@ -67,15 +101,55 @@ def main() -> None:
         "tokens_per_s": med("tokens_per_s"),
         "prompt_tokens": med("prompt_tokens"), "teacher_prompt_tokens": med("teacher_prompt_tokens"),
         "response_tokens": med("response_tokens"), "decode_steps": med("decode_steps"), "batch": a.batch,
+        "decode_s_per_token": statistics.median(r["decode_seconds"] / max(r["decode_steps"], 1) for r in rows),
+        "decode_s_per_token_includes": ("vLLM's whole generate call: prefill, scheduling, sampling, decode steps"
+                                        if vllm else "the decoder build and decode loop; prompt prefill excluded"),
         # the cpu backend's prefill reuse (one micro-batch, LoRA): the student's prompt forward is timed in `sample`
-        "student_prompt_forward_in_sample": a.lora_rank > 0 and a.backend == "cpu",
-        "peak_rss_mb": peak_rss_mb(),
+        # (never under vLLM: the student's prompt forward then runs in `student`)
+        "student_prompt_forward_in_sample": a.lora_rank > 0 and a.backend == "cpu" and not vllm,
+        "peak_rss_mb": self_rss + child_rss if vllm else self_rss,
+        "peak_rss_self_mb": self_rss, "peak_rss_children_mb": child_rss,
         "wall_s_including_load": wall,
+        "prompts": prompt_summary(prompt_info),
         "config": {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "lora_rank": a.lora_rank,
                    "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "loss": a.loss,
-                   "backend": a.backend, "dtype": a.dtype},
+                   "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler},
         "versions": {"torch": torch.__version__},
-    }))
+    }
+    if all("prefill_seconds" in r for r in rows):
+        result["prefill_s"] = med("prefill_seconds")
+    if vllm:
+        import vllm as vllm_mod
+
+        result["sync_s"] = med("sync_seconds")
+        result["vllm_max_model_len"] = vllm_max_len
+        result["versions"]["vllm"] = vllm_mod.__version__
+    print(json.dumps(result))
+
+
+def patch_vllm_max_model_len(model: str, items: list[dict], max_new_tokens: int) -> int:
+    """The vLLM engine's max_model_len for this workload: 2048 (VLLMSampler's default), or the longest student
+    prompt + max_new_tokens when longer; in that case `opct.backends.vllm_sampler.VLLMSampler` (which
+    `opct.backends.vllm.make_sampler` imports when it builds the engine) is replaced by a subclass passing it."""
+    from transformers import AutoTokenizer
+
+    import opct.backends.vllm_sampler as vs
+    from common import prompt_length
+    from opct.models import resolve
+
+    tok = AutoTokenizer.from_pretrained(resolve(model))
+    need = max(prompt_length(tok, it["student"]) for it in items) + max_new_tokens
+    if need <= 2048:
+        return 2048
+    base = vs.VLLMSampler
+
+    class LongerVLLMSampler(base):
+        def __init__(self, *args, **kw):
+            kw.setdefault("max_model_len", need)
+            super().__init__(*args, **kw)
+
+    vs.VLLMSampler = LongerVLLMSampler
+    return need
 
 
 if __name__ == "__main__":

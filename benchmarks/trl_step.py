@@ -9,8 +9,9 @@ full fine-tune, `--lora-rank 0`: a second frozen copy), LoRA r=32 on all linear 
 top_p 1.0, top_k 0 (off), fp32 on CPU, `num_generations=1`, one optimizer step per generation.
 
 The teacher prompt is TRL's default template "{prompt}\\n\\n{privileged_context}" over the same student
-prompt opct samples from, plus a short privileged context (`bench_prompts`), so the teacher prefill is a few
-tokens longer than the student's; the work per step is otherwise the same as opct's.
+prompt opct samples from, plus a short privileged context (`common.workload_prompts`: by default the ~70-token
+`bench_prompts`, with `--prompt-tokens N` jailbreak-wrapped behaviours of about N tokens), so the teacher prefill
+is a few tokens longer than the student's; the work per step is otherwise the same as opct's.
 
 Step time is wall clock from `on_step_begin` to `on_step_end`: sampling, teacher forward, student forward
 and backward, gradient clipping, optimizer step and zero_grad; it excludes the dataloader and logging.
@@ -26,7 +27,11 @@ The keys sample / teacher / student / optim match benchmarks/step.py (opct).
 TRL 1.16 defaults that would change the measurement and are overridden here: `bf16=True` (TRL's base
 config turns bf16 autocast on, even on CPU) -> False; `gradient_checkpointing=True` -> False unless
 `--gradient-checkpointing` (it recomputes the student forward, which opct does not); logging every 10 steps,
-checkpoint saving and reporting are switched off.
+checkpoint saving and reporting are switched off; `max_prompt_length=512` (left truncation of longer prompts)
+-> None, so long prompts are trained on whole, as opct does (no effect on the default ~70-token prompts).
+
+`decode_s_per_token`: the median over steps of `generate` seconds / decode steps (the padded completion length,
+i.e. the longest response of the step): transformers' `generate` at batch B, prompt prefill included.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_prompts, median, peak_rss_mb  # noqa: E402
+from common import median, peak_rss_mb, prompt_summary, workload_prompts  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -55,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
     p.add_argument("--gradient-checkpointing", action="store_true", help="TRL's own default; off for a like-for-like step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
+                   help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
     return p.parse_args(argv)
 
 
@@ -89,7 +96,8 @@ def main(argv=None):
     from trl.experimental.sdft import SDFTConfig, SDFTTrainer
 
     n_steps = args.warmup + args.steps
-    prompts = bench_prompts(args.batch * n_steps, seed=args.seed)
+    prompts, prompt_info = workload_prompts(args.batch * n_steps, seed=args.seed, prompt_tokens=args.prompt_tokens,
+                                            model=args.model)
     dataset = Dataset.from_list([{"prompt": p["student"], "privileged_context": p["privileged_context"]} for p in prompts])
 
     peft_config = None
@@ -111,6 +119,7 @@ def main(argv=None):
         gradient_accumulation_steps=1,
         num_generations=1,
         max_completion_length=args.max_new_tokens,
+        max_prompt_length=None,  # TRL's 512 would cut long prompts from the left; opct keeps them whole
         # Every sampling knob set, so nothing is inherited from the model's generation_config.
         temperature=1.0,
         top_p=1.0,
@@ -202,6 +211,10 @@ def main(argv=None):
         "steps_phases_s": phases_m,
         "peak_rss_mb": peak_rss_mb(),
         **token_means,
+        "decode_s_per_token": median([p.get("generate", 0.0) / max(t["decode_steps"], 1)
+                                      for p, t in zip(phases_m, tokens_m)]),
+        "decode_s_per_token_includes": "transformers generate: prompt prefill and decode steps",
+        "prompts": prompt_summary(prompt_info),
         # Contention check: with the machine to itself, CPU seconds per wall second sit near the thread
         # count during the matmul-heavy phases; well below it (or a load average above the core count)
         # means another process was competing and the step times are inflated.
@@ -215,6 +228,8 @@ def main(argv=None):
             "lora_rank": args.lora_rank,
             "steps": args.steps,
             "warmup": args.warmup,
+            "prompt_tokens": args.prompt_tokens,
+            "max_prompt_length": config.max_prompt_length,
             "gradient_checkpointing": args.gradient_checkpointing,
             "distillation_mode": config.distillation_mode,
             "teacher_model_kind": config.teacher_model_kind,

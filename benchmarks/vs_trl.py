@@ -2,12 +2,30 @@
 
     pip install -e '.[bench]'
     python benchmarks/vs_trl.py --model /tmp/smol --rounds 2 --steps 5 --warmup 1 [--full] [--out vs_trl.json]
+        [--prompt-tokens N] [--vllm-python /path/to/vllm-venv/bin/python] [--contention]
 
 Each round runs `benchmarks/step.py` (opct) and `benchmarks/trl_step.py` (TRL), each in its own
 subprocess so each side's peak RSS is its own, alternating (and swapping who goes first every round) so
 that slow drift of the machine hits both sides alike. The machine must otherwise be idle: on 2 cores one
 competing process more than halves either side's speed; `--wait-idle S` waits up to S seconds for that. Then `benchmarks/bounds.py` measures the machine. With `--full` every
 round also runs both sides as full fine-tunes (`--lora-rank 0`). If step.py is missing, TRL is reported alone.
+
+Workload: `--model`, `--batch`, `--max-new-tokens`, and `--prompt-tokens N` (default: the ~70-token
+`common.bench_prompts`; with N: jailbreak-wrapped behaviours of about N tokens with the model's tokenizer,
+`common.length_prompts`). Every side gets the same flags, so the same prompts.
+
+`--vllm-python PATH` adds a third side, `opct_vllm`: step.py run by that interpreter (one with vllm installed)
+with `--sampler vllm`, in the same rotation (the order of the three reverses every round), pooled like the others
+and compared with TRL in `ratio_vllm`. Every side reports `decode_s_per_token`, seconds per decode step at batch B,
+each with `decode_s_per_token_includes` (opct: its decode loop, prefill excluded; vLLM: the whole generate call;
+TRL: `generate`, prefill included); the summary lists them together and their ratio to TRL.
+
+`--contention` runs every side under the same load: for the duration of each run a busy-loop process (plain
+Python integer arithmetic from a fixed seed, `nice 19`, pinned to the last core with sched_setaffinity) is
+started before the run and killed after it, in a session of its own like another user's job (`--contention same`:
+in this session, where autogroup scheduling lets nice 19 yield to the benchmark; see `BusyLoop`).
+`others_busy_cores` of each run then shows the load it ran under (about 1 when the busy process gets its core);
+the bounds are measured without it.
 
 Summary per configuration: each side's median over all measured steps (every round pooled), the median
 per-phase split across rounds, the largest peak RSS, `ratio` = opct / TRL for step time and peak RSS (the
@@ -82,18 +100,63 @@ def wait_idle(max_wait_s: float) -> None:
         time.sleep(5)
 
 
-def run_json(script: str, flags: list[str]) -> dict:
+BUSY_LOOP = """
+import os, sys
+os.nice(19)
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {int(sys.argv[1])})
+x, parent = int(sys.argv[2]), int(sys.argv[3])
+while os.getppid() == parent:  # stops by itself if the benchmark dies without killing it
+    for _ in range(1000000):
+        x = (x * 1103515245 + 12345) % 2147483648
+"""
+
+
+class BusyLoop:
+    """A seeded busy-loop process at nice 19 pinned to `core` (default the last one) while the `with` block runs:
+    contention that is the same for every side. It is killed and waited for on exit.
+
+    `new_session` (default): the loop runs in a session of its own (setsid), like another user's job. Under
+    autogroup scheduling (Linux's default, /proc/sys/kernel/sched_autogroup_enabled) nice only orders processes
+    within one session, so such a loop takes its core whatever its nice value; in the benchmark's own session
+    (`new_session=False`) nice 19 makes it yield to the benchmark (docs/speed.md, "a busy machine")."""
+
+    def __init__(self, core: int | None = None, seed: int = 0, new_session: bool = True):
+        self.core = (os.cpu_count() or 1) - 1 if core is None else core
+        self.seed = seed
+        self.new_session = new_session
+        self.proc = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(self.core), str(self.seed), str(os.getpid())],
+                                     start_new_session=self.new_session)
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+    def describe(self) -> dict:
+        return {"on": True, "core": self.core, "nice": 19, "seed": self.seed,
+                "session": "own (setsid)" if self.new_session else "the benchmark's",
+                "what": "python integer LCG loop, one process, for the duration of each side's run"}
+
+
+def run_json(script: str, flags: list[str], python: str | None = None, threads: int | None = None) -> dict:
     """Run a benchmark script in a fresh interpreter and return the last JSON line it printed.
 
     Also records `others_busy_cores`: the cores other processes kept busy on average during the run
     (machine busy time minus the child's own CPU time), the check that the timings are not shared.
+    `python`: the interpreter (default this one); `threads`: OMP_NUM_THREADS for the child (default: inherited).
     """
     # Both sides with the allocator setting `opct`'s CLI applies before torch starts (huge_pages): before the
     # backend seam, importing opct set it in both processes, so this keeps the comparison as it was.
     env = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     busy0, child0 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, env=env)
+    proc = subprocess.run([python or sys.executable, script, *flags], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     busy1, child1 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     others = None
@@ -129,8 +192,11 @@ def pool_runs(runs: list[dict]) -> dict | None:
         values = [r[key] for r in ok if r.get(key) is not None]
         if values:
             pooled[key] = sum(values) / len(values)
-    for key in ("batch", "student_prompt_forward_in_sample"):  # per-side facts, the same in every run
-        if key in ok[0]:
+    per_token = [r["decode_s_per_token"] for r in ok if r.get("decode_s_per_token") is not None]
+    if per_token:
+        pooled["decode_s_per_token"] = median(per_token)  # the median over runs of each run's median
+    for key in ("batch", "student_prompt_forward_in_sample", "decode_s_per_token_includes", "prompts"):
+        if key in ok[0]:  # per-side facts, the same in every run
             pooled[key] = ok[0][key]
     if len(ok) < len(runs):
         pooled["errors"] = [r for r in runs if "error" in r]
@@ -194,7 +260,9 @@ def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
             "weight_bytes": decode["weight_bytes"],
             "bandwidth_gbs": decode["bandwidth_gbs"],
         }
-        if phases.get("decode"):
+        if phases.get("decode") and side.get("decode_s_per_token_includes", "").startswith("vLLM"):
+            table["sample"]["decode_only"] = {"note": "vLLM's decode time includes its prefill; no decode-only bound"}
+        elif phases.get("decode"):
             # The decode loop alone (decoder build included, prompt prefill excluded). At batch B a step is also
             # bounded by its FLOPs: B rows x (body + lm_head) per token at matmul peak.
             flop_s = side.get("batch", 8) * forward_flops(bounds, 1, 1) / (peak * 1e9)
@@ -242,6 +310,62 @@ def ratio_spread(opct_runs: list[dict], trl_runs: list[dict], n_boot: int = 4000
             "share_of_bootstrap_at_most_0.5": sum(b <= 0.5 for b in boot) / n_boot}
 
 
+class Side:
+    """One benchmarked side: its name, script, interpreter (None: this one) and extra flags."""
+
+    def __init__(self, name: str, script: str, python: str | None = None, extra: list[str] | None = None):
+        self.name, self.script, self.python, self.extra = name, script, python, list(extra or [])
+
+
+def workload_flags(prompt_tokens: int | None) -> list[str]:
+    """The workload flags every side gets beyond the shared ones (none by default: the original workload)."""
+    return [] if prompt_tokens is None else ["--prompt-tokens", str(prompt_tokens)]
+
+
+def run_side(side: Side, flags: list[str], contention: bool | str = False, threads: int | None = None) -> dict:
+    """One run of one side, next to a BusyLoop when `contention` (started before the run, killed after it; "same":
+    in this session, else in a session of its own).
+    `threads`: torch threads (step.py's --threads; OMP_NUM_THREADS for every side); None keeps each side's default."""
+    if threads is not None and side.script != TRL_STEP:
+        flags = flags + ["--threads", str(threads)]
+    if not contention:
+        return run_json(side.script, flags + side.extra, side.python, threads)
+    with BusyLoop(new_session=contention != "same"):
+        result = run_json(side.script, flags + side.extra, side.python, threads)
+    result["contention"] = "same session" if contention == "same" else "own session"
+    return result
+
+
+def compare(runs: dict[str, list[dict]], bounds: dict, rank: int) -> dict:
+    """One configuration's summary from each side's runs ({"opct": [...], "trl": [...], "opct_vllm": [...]}):
+    pooled sides, opct / TRL ratios (`ratio`; `ratio_vllm` for the vLLM side), decode seconds per token of every
+    side with its ratio to TRL, each side against the bounds, and the raw runs."""
+    pooled = {name: pool_runs(rs) for name, rs in runs.items()}
+    opct, trl = pooled.get("opct"), pooled.get("trl")
+    entry = {
+        "opct": opct,
+        "trl": trl,
+        "ratio": {"step_time": ratio(opct, trl, "median_step_s"), "peak_rss": ratio(opct, trl, "peak_rss_mb"),
+                  "step_time_spread": ratio_spread(runs.get("opct", []), runs.get("trl", [])),
+                  "decode_s_per_token": ratio(opct, trl, "decode_s_per_token")},
+    }
+    if "opct_vllm" in pooled:
+        vllm = pooled["opct_vllm"]
+        entry["opct_vllm"] = vllm
+        entry["ratio_vllm"] = {"step_time": ratio(vllm, trl, "median_step_s"),
+                               "peak_rss": ratio(vllm, trl, "peak_rss_mb"),
+                               "step_time_spread": ratio_spread(runs["opct_vllm"], runs.get("trl", [])),
+                               "decode_s_per_token": ratio(vllm, trl, "decode_s_per_token")}
+    entry["decode_s_per_token"] = {
+        name: {"seconds": p.get("decode_s_per_token"), "includes": p.get("decode_s_per_token_includes"),
+               "ratio_to_trl": ratio(p, trl, "decode_s_per_token")}
+        for name, p in pooled.items() if p and "decode_s_per_token" in p}
+    if "error" not in bounds:
+        entry["vs_bounds"] = {name: phase_table(p, bounds, rank) for name, p in pooled.items() if p}
+    entry["raw_runs"] = runs
+    return entry
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="opct vs TRL SDFTTrainer, alternating runs; prints a JSON summary.")
     p.add_argument("--model", default="smollm2-135m-instruct", help="alias, dir or Hub id (resolved by opct.models.resolve)")
@@ -256,54 +380,69 @@ def main(argv=None):
     p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
                    help="before each run, wait up to this long for the machine to go idle (shared machines)")
     p.add_argument("--opct-step", default=OPCT_STEP, help="the opct side's script (default: benchmarks/step.py)")
+    p.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
+                   help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
+    p.add_argument("--vllm-python", metavar="PATH",
+                   help="also run opct with the vLLM sampler (step.py --sampler vllm) under this interpreter")
+    p.add_argument("--contention", nargs="?", const="own", choices=["own", "same"], default=None,
+                   help="run every side next to a nice-19 busy loop pinned to the last core, in a session of its "
+                        "own (default, like another user's job) or in this one (`--contention same`)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of every side and the bounds (default: each side's own: opct's thread "
+                        "policy, TRL's torch default, bounds.py's 2)")
+    p.add_argument("--no-bounds", action="store_true", help="skip benchmarks/bounds.py (no vs_bounds tables)")
     args = p.parse_args(argv)
 
     have_opct = os.path.exists(args.opct_step)
     ranks = [args.lora_rank] + ([0] if args.full and args.lora_rank != 0 else [])
-    runs = {rank: {"opct": [], "trl": []} for rank in ranks}
+    sides = ([Side("opct", args.opct_step)] if have_opct else []) + [Side("trl", TRL_STEP)]
+    if args.vllm_python:
+        sides.append(Side("opct_vllm", args.opct_step, python=args.vllm_python, extra=["--sampler", "vllm"]))
+    runs = {rank: {side.name: [] for side in sides} for rank in ranks}
     for r in range(args.rounds):
         for rank in ranks:
             flags = ["--model", args.model, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
                      "--lora-rank", str(rank), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            sides = ([("opct", args.opct_step)] if have_opct else []) + [("trl", TRL_STEP)]
+            flags += workload_flags(args.prompt_tokens)
             # Swap who goes first every round, so neither side always runs on a just-warmed (or tired) machine.
-            for side, script in sides if r % 2 == 0 else sides[::-1]:
-                print(f"[vs_trl] round {r + 1}/{args.rounds} lora_rank={rank} {side} ...", file=sys.stderr, flush=True)
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                print(f"[vs_trl] round {r + 1}/{args.rounds} lora_rank={rank} {side.name} ...", file=sys.stderr,
+                      flush=True)
                 wait_idle(args.wait_idle)
-                result = run_json(script, flags)
-                runs[rank][side].append(result)
+                result = run_side(side, flags, args.contention, args.threads)
+                runs[rank][side.name].append(result)
                 print(f"[vs_trl]   median_step_s={result.get('median_step_s')} peak_rss_mb={result.get('peak_rss_mb')}"
+                      f" others_busy_cores={result.get('others_busy_cores')}"
                       f"{' ERROR ' + result['error'] if 'error' in result else ''}", file=sys.stderr, flush=True)
 
-    print("[vs_trl] bounds ...", file=sys.stderr, flush=True)
-    wait_idle(args.wait_idle)
-    bounds = run_json(BOUNDS, ["--model", args.model, "--lora-rank", str(max(args.lora_rank, 0)),
-                               "--batch", str(args.batch)])
+    if args.no_bounds:
+        bounds = {"error": "skipped (--no-bounds)"}
+    else:
+        print("[vs_trl] bounds ...", file=sys.stderr, flush=True)
+        wait_idle(args.wait_idle)
+        bounds = run_json(BOUNDS, ["--model", args.model, "--lora-rank", str(max(args.lora_rank, 0)),
+                                   "--batch", str(args.batch)]
+                          + (["--threads", str(args.threads)] if args.threads else []), threads=args.threads)
 
-    summary = {"config": vars(args), "bounds": bounds, "configs": {}, "notes": []}
+    summary = {"config": vars(args), "bounds": bounds, "configs": {}, "notes": [],
+               "contention": (BusyLoop(new_session=args.contention != "same").describe() if args.contention
+                              else {"on": False})}
     if not have_opct:
         summary["notes"].append(f"{args.opct_step} not found: TRL reported alone")
     # Timings only mean something on an otherwise idle machine: with 2 cores, one competing process
     # roughly halves throughput (and OpenMP threads waiting on a descheduled peer make it worse).
     busy = [r["others_busy_cores"] for rank in ranks for side in runs[rank].values() for r in side
             if r.get("others_busy_cores") is not None]
-    if busy and max(busy) > 0.1:
+    if args.contention:
+        summary["notes"].append("contention mode: every run shared the machine with a nice-19 busy loop on core "
+                                f"{summary['contention']['core']}; others_busy_cores per run (pooled sides list them) "
+                                "shows the load each ran under")
+    elif busy and max(busy) > 0.1:
         summary["notes"].append(f"machine was shared: other processes kept up to {max(busy):.2f} of "
                                 f"{os.cpu_count()} cores busy during a run; its step times are inflated")
     for rank in ranks:
-        opct, trl = pool_runs(runs[rank]["opct"]), pool_runs(runs[rank]["trl"])
         name = f"lora_r{rank}" if rank > 0 else "full"
-        entry = {
-            "opct": opct,
-            "trl": trl,
-            "ratio": {"step_time": ratio(opct, trl, "median_step_s"), "peak_rss": ratio(opct, trl, "peak_rss_mb"),
-                      "step_time_spread": ratio_spread(runs[rank]["opct"], runs[rank]["trl"])},
-        }
-        if "error" not in bounds:
-            entry["vs_bounds"] = {side: phase_table(pooled, bounds, rank)
-                                  for side, pooled in (("opct", opct), ("trl", trl)) if pooled}
-        entry["raw_runs"] = runs[rank]
-        summary["configs"][name] = entry
+        summary["configs"][name] = compare(runs[rank], bounds, rank)
 
     text = json.dumps(summary, indent=2)
     if args.out:

@@ -1,0 +1,201 @@
+"""benchmarks/: length-matched prompts (common.py), the cost-growth grid's parsing, resume and growth analysis
+(cost_growth.py), and vs_trl's three-side summary. Pure functions on synthetic inputs; no timing is asserted."""
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def mods():
+    sys.path.insert(0, str(BENCH))
+    yield {name: load(name) for name in ("common", "vs_trl", "cost_growth")}
+    sys.path.remove(str(BENCH))
+
+
+# ------------------------------------------------------------------ prompts
+
+def fake_sources(harmful):
+    behaviours = [harmful.Behaviour(f"t/{i}", f"Explain how to do forbidden thing number {i}", "t")
+                  for i in range(12)]
+    # wrappers of very different lengths: 0, 1, ..., 29 filler sentences around the slot
+    wrappers = [harmful.Wrapper(f"w{i:02d}", "test", "Pretend you are a pirate. " * i + harmful.SLOT, "test")
+                for i in range(30)]
+    return behaviours, wrappers
+
+
+def test_length_prompts_single_turn_within_band_and_deterministic(mods, tokenizer):
+    from opct.data import harmful
+
+    common = mods["common"]
+    behaviours, wrappers = fake_sources(harmful)
+    items, info = common.length_prompts(10, 120, tokenizer, behaviours=behaviours, wrappers=wrappers)
+    again, _ = common.length_prompts(10, 120, tokenizer, behaviours=behaviours, wrappers=wrappers)
+    assert items == again
+    assert info["kind"] == "single-turn" and info["single_turn_wrappers"] >= 4
+    lengths = [common.prompt_length(tokenizer, it["student"]) for it in items]
+    assert all(102 <= n <= 138 for n in lengths), lengths
+    assert info["min_tokens"] == min(lengths) and info["max_tokens"] == max(lengths)
+    for it in items:  # one user turn: a real wrapper around a real behaviour
+        assert len(it["student"]) == 1 and it["student"][0]["role"] == "user"
+        assert "forbidden thing number" in it["student"][0]["content"]
+        assert it["privileged_context"] in common.JAILBREAK_CONTEXTS
+    other_seed, _ = common.length_prompts(10, 120, tokenizer, seed=1, behaviours=behaviours, wrappers=wrappers)
+    assert other_seed != items
+
+
+def test_length_prompts_multi_turn_when_wrappers_are_too_short(mods, tokenizer):
+    from opct.data import harmful
+
+    common = mods["common"]
+    behaviours, wrappers = fake_sources(harmful)
+    longest = max(common.prompt_length(tokenizer, harmful.user(w.wrap(behaviours[0].text))) for w in wrappers)
+    target = 3 * longest
+    items, info = common.length_prompts(4, target, tokenizer, behaviours=behaviours, wrappers=wrappers)
+    assert info["kind"] == "multi-turn"
+    for it, names in zip(items, info["wrappers"]):
+        n = common.prompt_length(tokenizer, it["student"])
+        assert 0.85 * target <= n <= 1.15 * target
+        roles = [m["role"] for m in it["student"]]
+        assert roles[-1] == "user" and roles == ["user", "assistant"] * (len(roles) // 2) + ["user"]
+        assert all(m["content"] == common.REFUSAL for m in it["student"] if m["role"] == "assistant")
+        assert len(names) == len(roles) // 2 + 1
+
+
+def test_teacher_messages_append_privileged_context(mods):
+    common = mods["common"]
+    item = {"student": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                        {"role": "user", "content": "c"}], "privileged_context": "ctx"}
+    assert common.teacher_messages(item) == item["student"][:2] + [{"role": "user", "content": "c\n\nctx"}]
+
+
+def test_workload_prompts_default_is_the_original_workload(mods):
+    common = mods["common"]
+    items, info = common.workload_prompts(5, seed=3)
+    assert items == common.bench_prompts(5, seed=3) and info == {"kind": "bench_prompts"}
+
+
+# ------------------------------------------------------------------ cost growth grid
+
+def test_parse_cells_and_lists(mods):
+    cg = mods["cost_growth"]
+    assert cg.parse_cells("400x128, 1600X128") == [(400, 128), (1600, 128)]
+    assert cg.parse_int_list("100,400,1600", "--prompt-tokens") == [100, 400, 1600]
+    assert cg.grid_cells([100, 400], [32, 128]) == [(100, 32), (100, 128), (400, 32), (400, 128)]
+    for bad in ("400", "400x", "ax128", "0x128"):
+        with pytest.raises(cg.GridError, match="--cells"):
+            cg.parse_cells(bad)
+    with pytest.raises(cg.GridError, match="--new-tokens"):
+        cg.parse_int_list("32,-1", "--new-tokens")
+
+
+def run(step_s, rss, prompt_tokens, decode_steps, phases=None):
+    return {"median_step_s": step_s, "peak_rss_mb": rss, "prompt_tokens": prompt_tokens, "decode_steps": decode_steps,
+            "decode_s_per_token": 0.01, "phases_s": phases or {"sample": step_s / 2, "teacher": step_s / 4}}
+
+
+def test_resume_skips_finished_sides_and_checks_config(mods, tmp_path):
+    cg = mods["cost_growth"]
+    config = {"model": "m", "batch": 8, "lora_rank": 32, "steps": 2, "warmup": 1, "threads": None, "contention": False}
+    path = str(tmp_path / "grid.json")
+    results = cg.load_results(path, config)
+    assert results["cells"] == {}
+    entry = results["cells"].setdefault("400x128", {"prompt_tokens": 400, "new_tokens": 128, "runs": {}})
+    entry["runs"]["opct"] = run(2.0, 900, 3200, 128)
+    entry["runs"]["trl"] = {"error": "trl_step.py exited 1", "stderr_tail": "boom"}
+    cg.summarise_cell(entry)
+    cg.save_results(path, results)
+
+    again = cg.load_results(path, config)
+    assert cg.pending_sides(again, (400, 128), ["opct", "trl"]) == ["trl"]  # the failed side runs again
+    assert cg.pending_sides(again, (1600, 128), ["opct", "trl"]) == ["opct", "trl"]
+    with pytest.raises(cg.GridError, match=r"config\.steps"):
+        cg.load_results(path, {**config, "steps": 3})
+    (tmp_path / "bad.json").write_text("{\n  \"cells\": [\n")
+    with pytest.raises(cg.GridError, match="bad.json: line"):
+        cg.load_results(str(tmp_path / "bad.json"), config)
+
+
+def test_growth_exponents_and_superlinear_flag(mods):
+    cg = mods["cost_growth"]
+    results = cg.new_results({"model": "m"})
+    # opct: linear along new tokens (x4 tokens, x4 time); trl: quadratic along prompt tokens (x4 tokens, x16 time)
+    cells = {(100, 32): (run(1.0, 500, 800, 32), run(2.0, 600, 800, 32)),
+             (100, 128): (run(4.0, 500, 800, 128), run(3.0, 600, 800, 128)),
+             (400, 32): (run(1.5, 700, 3200, 32), run(32.0, 900, 3200, 32))}
+    for (p, t), (o, r) in cells.items():
+        entry = {"prompt_tokens": p, "new_tokens": t, "runs": {"opct": o, "trl": r}}
+        cg.summarise_cell(entry)
+        results["cells"][cg.cell_key(p, t)] = entry
+    assert results["cells"]["100x32"]["ratio"]["opct"]["step_time"] == pytest.approx(0.5)
+    g = cg.growth(results, ["opct", "trl"])
+    (new_o,) = g["opct"]["new_tokens"]
+    assert (new_o["from"], new_o["to"]) == ("100x32", "100x128") and new_o["token_ratio_measured"]
+    assert new_o["exponent"] == pytest.approx(1.0) and not new_o["superlinear"]
+    (prompt_t,) = g["trl"]["prompt_tokens"]
+    assert prompt_t["exponent"] == pytest.approx(2.0) and prompt_t["superlinear"]
+    assert prompt_t["phases"]["sample"]["exponent"] == pytest.approx(2.0)
+    (prompt_o,) = g["opct"]["prompt_tokens"]
+    assert prompt_o["exponent"] == pytest.approx(math.log(1.5) / math.log(4))
+    table = cg.markdown_table(results, ["opct", "trl"])
+    assert "| 100 | 1.00 / 2.00 (0.50)<br>500 / 600 MB |" in table
+    assert "| 400 | 1.50 / 32.00 (0.05)<br>700 / 900 MB |  |" in table  # 400x128 not run: empty
+    assert any("SUPER-LINEAR" in line for line in cg.growth_lines(g))
+    json.dumps(g)  # serialisable
+
+
+# ------------------------------------------------------------------ vs_trl with three sides
+
+def test_compare_three_sides(mods):
+    vs = mods["vs_trl"]
+
+    def r(steps, rss, per_token, includes):
+        return {"steps_s": steps, "phases_s": {"sample": 1.0}, "peak_rss_mb": rss, "decode_s_per_token": per_token,
+                "decode_s_per_token_includes": includes, "others_busy_cores": 1.0}
+
+    runs = {"opct": [r([1.0, 1.0], 500, 0.01, "loop")], "trl": [r([4.0, 4.0], 1000, 0.04, "generate")],
+            "opct_vllm": [r([2.0, 2.0], 3000, 0.02, "vLLM's whole generate call")]}
+    entry = vs.compare(runs, {"error": "skipped"}, 32)
+    assert entry["ratio"]["step_time"] == pytest.approx(0.25)
+    assert entry["ratio_vllm"]["step_time"] == pytest.approx(0.5)
+    assert entry["ratio_vllm"]["peak_rss"] == pytest.approx(3.0)
+    assert entry["decode_s_per_token"]["opct_vllm"]["ratio_to_trl"] == pytest.approx(0.5)
+    assert entry["decode_s_per_token"]["trl"]["includes"] == "generate"
+    assert entry["opct"]["others_busy_cores"] == [1.0]
+    assert "vs_bounds" not in entry
+
+
+# ------------------------------------------------------------------ step.py's vLLM context length
+
+def test_vllm_max_model_len_raised_only_when_needed(mods, tiny_model_dir, monkeypatch):
+    import opct.backends.vllm_sampler as vs
+
+    step = load("step")
+    monkeypatch.setattr(vs, "VLLMSampler", vs.VLLMSampler)  # restored after the test
+    original = vs.VLLMSampler
+    short = [{"student": [{"role": "user", "content": "hello"}], "privileged_context": "x"}]
+    assert step.patch_vllm_max_model_len(str(tiny_model_dir), short, 32) == 2048
+    assert vs.VLLMSampler is original
+    long = [{"student": [{"role": "user", "content": "word " * 2100}], "privileged_context": "x"}]
+    need = step.patch_vllm_max_model_len(str(tiny_model_dir), long, 64)
+    assert need > 2048 and need == mods["common"].prompt_length(
+        __import__("transformers").AutoTokenizer.from_pretrained(tiny_model_dir), long[0]["student"]) + 64
+    assert vs.VLLMSampler is not original and issubclass(vs.VLLMSampler, original)
+
+
+def test_prompt_summary_folds_wrapper_lists(mods):
+    info = {"kind": "multi-turn", "band": [1, 2], "wrappers": [["b", "a"], ["a"], ["c"]]}
+    assert mods["common"].prompt_summary(info) == {"kind": "multi-turn", "band": [1, 2], "wrappers_used": ["a", "b", "c"]}
+    assert mods["common"].prompt_summary({"kind": "bench_prompts"}) == {"kind": "bench_prompts"}
