@@ -40,3 +40,18 @@ def test_vllm_policy_samples_through_the_sampler_and_syncs_every_step(tiny_model
         assert r["response_len"] == 3 and r["sampler_logp_gap"] == pytest.approx(-r["logp_student"], rel=1e-5)
     info = json.loads((out / "run.json").read_text())
     assert info["execution"]["sampler"] == "FakeSampler"
+
+
+def test_the_kv_cache_size_reaches_vllm_as_a_whole_number(monkeypatch):
+    from opct.backends import vllm_sampler
+    from opct.config import ConfigError, TrainConfig, validate
+
+    monkeypatch.setattr(vllm_sampler, "_USER_SET", frozenset())
+    env = {}
+    rpc = vllm_sampler._set_env_defaults(env, 1.0)  # the config default is a float
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # vLLM reads it with int(): "1.0" stopped its engine
+    if rpc:
+        import shutil
+        shutil.rmtree(rpc, ignore_errors=True)
+    with pytest.raises(ConfigError, match="vllm-kv-cache-gib"):
+        validate(TrainConfig(vllm_kv_cache_gib=1.5))

@@ -116,7 +116,7 @@ class RunConfig(ExecConfig):
                        "a colocated vLLM engine; vllm-server = a vLLM server (--vllm-url, or one opct starts on "
                        "127.0.0.1). Needs vllm installed (see .ci/vllm)", choices=["policy", "vllm", "vllm-server"])
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL (empty = start one)")
-    vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: GiB reserved for its KV cache")
+    vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache")
     vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
                                  "(weights + KV cache); training gets the rest")
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
@@ -264,7 +264,9 @@ def validate(cfg):
               ("grad_clip", lambda v: v >= 0, "must be >= 0 (0 = off)"),
               ("kl_coef", lambda v: v > 0, "must be > 0"),
               ("kl_discount", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-              ("vllm_gpu_memory", lambda v: 0 < v <= 1, "must be in (0, 1]")]
+              ("vllm_gpu_memory", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+              # vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): "1.5" (or "1.0") stops its engine
+              ("vllm_kv_cache_gib", lambda v: v >= 1 and float(v).is_integer(), "must be a whole number of GiB >= 1")]
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
