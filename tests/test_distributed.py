@@ -125,16 +125,30 @@ def test_parallel_without_torchrun_is_an_error(setup, tiny_model_dir):
     assert p.returncode == 2 and "--parallel fsdp needs several processes" in p.stderr
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_killed_rank_resumes_to_the_uninterrupted_run(setup, tiny_model_dir, parallel):
-    """SIGKILL one rank once the step-2 checkpoint exists (torchrun then stops the other); --resume on 2
-    processes finishes with the metrics and weights of a single process that was never interrupted."""
+KINDS = {"lora": ["--lora-rank", "4"], "full": ["--lora-rank", "0", "--lr", "1e-4"]}
+
+
+@pytest.fixture(scope="module")
+def kill_refs(setup, tiny_model_dir):
+    """The uninterrupted single-process runs the killed runs must reproduce, one per kind, made when first needed."""
     d, pairs = setup
-    base = ["train", "--lora-rank", "4", "--samples-per-prompt", "2", "--save-every", "1"]
-    ref = d / f"kill-ref-{parallel}"
-    run(command(tiny_model_dir, pairs, ref, 1, *base, steps=12))
-    out = d / f"kill-{parallel}"
-    cmd = command(tiny_model_dir, pairs, out, 2, *base, "--parallel", parallel, steps=12)
+    refs = {}
+
+    def ref(kind: str) -> Path:
+        if kind not in refs:
+            refs[kind] = d / f"kill-ref-{kind}"
+            run(command(tiny_model_dir, pairs, refs[kind], 1, *_kill_args(kind), steps=12))
+        return refs[kind]
+    return ref
+
+
+def _kill_args(kind: str) -> list[str]:
+    return ["train", *KINDS[kind], "--samples-per-prompt", "2", "--save-every", "1"]
+
+
+def _kill_after_step_2(cmd: list[str], out: Path) -> None:
+    """Start `cmd` (torchrun, 2 processes) and SIGKILL one rank once the step-2 checkpoint exists (torchrun then
+    stops the other)."""
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 240
@@ -145,19 +159,63 @@ def test_killed_rank_resumes_to_the_uninterrupted_run(setup, tiny_model_dir, par
     os.kill(int(children[-1]), signal.SIGKILL)
     assert launcher.wait(timeout=120) != 0
     assert not (out / "run.json").exists() and len(metrics(out)) < 12
-    run(cmd + ["--resume"])
-    assert_same_run(ref, out)
 
 
-def test_resume_with_another_process_count_is_refused(setup, tiny_model_dir):
+def _sharded_weights(ckpt: Path) -> dict:
+    """The whole tensors of an FSDP2 checkpoint's DCP shards (torch's own converter), named as the model's."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(ckpt / "dcp", ckpt.parent / f"{ckpt.name}.pt")
+    state = torch.load(ckpt.parent / f"{ckpt.name}.pt", weights_only=True)["model"]
+    (ckpt.parent / f"{ckpt.name}.pt").unlink()
+    return {k.removeprefix("lm."): v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("parallel,kind", [("ddp", "lora"), ("fsdp", "lora"), ("fsdp", "full")])
+def test_killed_rank_resumes_to_the_uninterrupted_run(setup, kill_refs, tiny_model_dir, parallel, kind):
+    """A rank killed after the step-2 checkpoint: --resume on 2 processes finishes with the metrics and weights
+    of a single process that was never interrupted. Under FSDP2 every checkpoint is DCP shards written by both
+    ranks (no whole-tensor weights file), and a checkpoint whose shards were not all written (never renamed into
+    place) is passed over."""
     d, pairs = setup
-    out = d / "count"
-    base = ["train", "--lora-rank", "4", "--save-every", "1"]
-    run(command(tiny_model_dir, pairs, out, 2, *base))
+    ref = kill_refs(kind)
+    out = d / f"kill-{parallel}-{kind}"
+    cmd = command(tiny_model_dir, pairs, out, 2, *_kill_args(kind), "--parallel", parallel, steps=12)
+    _kill_after_step_2(cmd, out)
+    newest = sorted((out / "checkpoints").glob("step-*"))[-1]
+    if parallel == "fsdp":
+        files = json.loads((newest / "manifest.json").read_text())
+        assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= set(files)
+        assert not (newest / "trainable.safetensors").exists()
+        assert "optimizer" not in torch.load(newest / "optim.pt", weights_only=True)
+        # rank 1 killed while writing the next checkpoint: rank 0's shard in a temporary directory, never renamed
+        step = int(newest.name.split("-")[1]) + 1
+        partial = out / "checkpoints" / f".step-{step:06d}.tmp-killed" / "dcp"
+        partial.mkdir(parents=True)
+        (partial / "__0_0.distcp").write_bytes((newest / "dcp" / "__0_0.distcp").read_bytes())
+    run(cmd + ["--resume"])
+    assert not list((out / "checkpoints").glob(".step-*"))
+    assert_same_run(ref, out)
+    if parallel == "fsdp":  # the shards of the last checkpoint hold the single process's weights at that step
+        want = load_file(str(ref / "checkpoints" / "step-000011" / "trainable.safetensors"))
+        got = _sharded_weights(out / "checkpoints" / "step-000011")
+        for k, t in want.items():
+            assert torch.allclose(t, got[k], atol=1e-6, rtol=1e-5), k
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_resume_with_another_process_count_is_refused(setup, tiny_model_dir, parallel):
+    d, pairs = setup
+    out = d / f"count-{parallel}"
+    base = ["train", "--lora-rank", "4", "--save-every", "1", *(["--parallel", "fsdp"] if parallel == "fsdp" else [])]
+    run(command(tiny_model_dir, pairs, out, 2, *base, steps=2))
     (out / "run.json").unlink()  # pretend it stopped after its last checkpoint
-    p = subprocess.run(command(tiny_model_dir, pairs, out, 1, *base, "--resume"), capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode != 0 and "written by 2 process(es) (ddp), resumed with 1" in p.stderr
+    procs = 1 if parallel == "ddp" else 4  # `--parallel fsdp` needs several processes; 4 ranks load the model, then stop
+    p = subprocess.run(command(tiny_model_dir, pairs, out, procs, *base, "--resume", steps=2), capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    now = "1 (none)" if parallel == "ddp" else "4 (fsdp)"
+    assert p.returncode != 0
+    assert f"written by 2 process(es) ({parallel}), resumed with {now}" in p.stderr, p.stderr[-2000:]
 
 
 def _on_main_worker(rank: int, port: int, q) -> None:
@@ -197,3 +255,49 @@ def test_a_failed_write_on_rank_0_stops_every_rank():
         p.join(timeout=60)
     assert got[0].startswith("OSError") and "No space left" in got[0]
     assert got[1].startswith("DistributedError: rank 0 failed") and "No space left" in got[1]
+
+
+def _teacher_worker(rank: int, port: int, model_dir: str, q) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from opct.backends.hf import head_logits
+    from opct.models import Teacher, load_model
+    from opct.train.distributed import Replicas, shard_teacher
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model, _ = load_model(model_dir)
+        ids_BT = torch.tensor([[1, 5, 9, 200, 3000, 7], [42, 43, 44, 45, 46, 47]])
+        with torch.no_grad():
+            want_BTV = model(input_ids=ids_BT).logits
+        teacher = Teacher(model)  # full fine-tuning: a frozen copy
+        shard_teacher(teacher, Replicas(rank, 2, "fsdp"))
+        params = list(teacher.model.parameters())
+        sharded = all(isinstance(p, DTensor) and not p.requires_grad for p in params)
+        share = sum(p.to_local().numel() for p in params) / sum(p.numel() for p in params)
+        with teacher() as m:
+            got_BTV = head_logits(m, teacher.replica(part="body", input_ids=ids_BT))
+            again_BTV = head_logits(m, teacher.replica(part="body", input_ids=ids_BT))
+        q.put((rank, sharded, share, (got_BTV - want_BTV).abs().max().item(), torch.equal(got_BTV, again_BTV)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_shards_the_full_fine_tune_teacher(tiny_model_dir):
+    """Under FSDP2 the frozen teacher copy of a full fine-tune holds 1/2 of the weights per rank (DTensor shards,
+    no gradient), and its forward through its sharded wrapper, LM head outside, gives the unsharded model's logits."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_teacher_worker, args=(r, port, str(tiny_model_dir), q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    for rank, sharded, share, err, same in got:
+        assert sharded and share < 0.55 and err < 1e-6 and same, (rank, sharded, share, err, same)

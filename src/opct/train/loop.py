@@ -218,6 +218,8 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     if replicas.world > 1:
         trainer = getattr(policy, "inner", policy)  # under a vLLM sampler, the policy that scores
         trainer.replica = distributed.wrap(model, replicas, device)
+        if getattr(trainer, "frozen", None) is not None:  # a full fine-tune's teacher copy: sharded too (FSDP2)
+            distributed.shard_teacher(trainer.frozen, replicas)
         policy.replicas = trainer.replicas = replicas
     params = [p for p in model.parameters() if p.requires_grad]
     betas = tuple(float(x) for x in cfg.betas.split(","))
@@ -420,4 +422,4 @@ def gathered_state(run: Run) -> dict | None:
         return distributed.trainable_state(run.model)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(run.model, options=distributed._options())
+    return get_model_state_dict(run.model, options=distributed.full_state_options())
