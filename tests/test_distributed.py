@@ -301,3 +301,44 @@ def test_fsdp_shards_the_full_fine_tune_teacher(tiny_model_dir):
         p.join(timeout=60)
     for rank, sharded, share, err, same in got:
         assert sharded and share < 0.55 and err < 1e-6 and same, (rank, sharded, share, err, same)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP in one process, no group: intended
+def test_planted_pickles_in_dcp_shards_are_refused_not_run(tmp_path):
+    """DCP itself unpickles .metadata and its non-tensor entries freely; opct refuses a payload in either
+    (read_shards, which an FSDP2 resume loads through), and still reads a plain checkpoint."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    from opct.train.checkpoint import CheckpointError, read_shards
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    def state(lr=0.25):
+        return {"w": torch.zeros(3, 2), "groups": [{"lr": lr, "betas": (0.9, 0.99), "foreach": None}]}
+
+    plain = tmp_path / "plain"
+    dcp.save({"w": torch.arange(6.0).view(3, 2), "groups": [{"lr": 0.5, "betas": (0.9, 0.99), "foreach": None}]},
+             checkpoint_id=plain)
+    got = state()
+    read_shards(plain, got)
+    assert torch.equal(got["w"], torch.arange(6.0).view(3, 2)) and got["groups"][0]["lr"] == 0.5
+    with pytest.raises(CheckpointError, match="Missing key in checkpoint state_dict: extra"):
+        read_shards(plain, {**state(), "extra": torch.zeros(1)})
+
+    entry = tmp_path / "entry"  # a non-tensor entry that would run code when unpickled
+    dcp.save({"w": torch.ones(3, 2), "groups": [{"lr": Payload()}]}, checkpoint_id=entry)
+    with pytest.raises(CheckpointError, match="groups.*refused to load"):
+        read_shards(entry, {"w": torch.zeros(3, 2), "groups": [{"lr": 0.0}]})
+
+    meta = tmp_path / "meta"  # .metadata replaced by a payload
+    dcp.save({"w": torch.ones(3, 2)}, checkpoint_id=meta)
+    (meta / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(CheckpointError, match=r"\.metadata: refused to load"):
+        read_shards(meta, {"w": torch.zeros(3, 2)})
+    assert not marker.exists()

@@ -241,13 +241,21 @@ def load(path: Path, model, optimizer, scheduler, sample_gen: torch.Generator, r
 
 
 def _load_sharded(path: Path, optimizer, replica) -> None:
-    """Every rank reads its own shards of an FSDP2 checkpoint (torch.distributed.checkpoint: the weights and
-    the optimizer state straight into this rank's DTensors), through the checks of _PlainReader / _PlainPlanner."""
+    """Every rank reads its own shards of an FSDP2 checkpoint: the weights and the optimizer state straight into
+    this rank's DTensors."""
+    state = distributed.sharded_state(replica, optimizer)
+    read_shards(path / SHARDS, state)
+    distributed.load_sharded_state(replica, optimizer, state)
+
+
+def read_shards(shards: Path, state: dict) -> None:
+    """Fill `state` in place from a torch.distributed.checkpoint directory (collective when a process group is
+    up), refusing what could execute code (the module docstring says how); a checkpoint that lacks one of
+    `state`'s entries is a CheckpointError."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    reader, planner = _plain_dcp(path / SHARDS)
-    state = distributed.sharded_state(replica, optimizer)
+    reader, planner = _plain_dcp(shards)
     try:
         dcp.load(state, storage_reader=reader, planner=planner)
     except CheckpointException as e:
@@ -255,8 +263,7 @@ def _load_sharded(path: Path, optimizer, replica) -> None:
         if isinstance(cause, CheckpointError):
             raise cause from None
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-        raise CheckpointError(f"{path / SHARDS}: cannot be loaded into this model ({first[:300]})") from None
-    distributed.load_sharded_state(replica, optimizer, state)
+        raise CheckpointError(f"{shards}: cannot be loaded into this model ({first[:300]})") from None
 
 
 def _plain_dcp(shards: Path):
