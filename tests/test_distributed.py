@@ -1,6 +1,7 @@
-"""Data-parallel training on this CPU: torchrun, 2 processes, gloo. DDP and FSDP2 runs must give the same per-step
-metrics and final weights as one process over the same global batch, for LoRA and full fine-tuning, and a run
-whose rank is killed resumes to the uninterrupted run's metrics."""
+"""Data-parallel training on this CPU: torchrun (and accelerate launch), 2 processes, gloo. DDP and FSDP2 runs must
+give the same per-step metrics and final weights as one process over the same global batch, for LoRA and full
+fine-tuning, and a run whose rank is killed resumes to the uninterrupted run's metrics (under FSDP2 from sharded
+torch.distributed.checkpoint checkpoints)."""
 
 import json
 import os
@@ -39,8 +40,8 @@ def command(model_dir, pairs, out, procs: int, *extra, steps: int = 3) -> list[s
             "--backend", "hf", "--threads", "1"]
 
 
-def run(cmd, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run(cmd, env=None, **kw) -> subprocess.CompletedProcess:
+    env = env or {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, **kw)
     assert p.returncode == 0, p.stderr[-3000:]
     return p
@@ -100,6 +101,22 @@ def test_two_processes_match_one(setup, single, tiny_model_dir, parallel, kind):
     assert_same_run(single[kind], out)
     info = json.loads((out / "run.json").read_text())["execution"]
     assert info["processes"] == 2 and info["parallel"] == parallel
+
+
+def test_accelerate_launch_matches_one_process(setup, single, tiny_model_dir, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` starts its processes through torch.distributed.run, also
+    on a machine without GPUs (gloo); `--cpu` would start one process (accelerate's simple launcher)."""
+    d, pairs = setup
+    out = d / "accelerate"
+    cmd = command(tiny_model_dir, pairs, out, 1, "train", "--lora-rank", "4", "--samples-per-prompt", "2")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+              str(free_port())]
+    # HF_HOME: no accelerate config file of this machine's user changes the launch
+    p = run([*launch, *cmd[1:]], env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path)})
+    assert p.stdout.count("opct: done") == 1
+    assert json.loads((out / "run.json").read_text())["execution"]["processes"] == 2
+    assert_same_run(single["lora"], out)
 
 
 def test_sft_two_processes_match_one(setup, tiny_model_dir):
