@@ -17,8 +17,8 @@ that looks whole but is not.
 
 Under FSDP2 rank 0 makes the temporary directory, every rank writes its DCP shards into it, and after a barrier
 rank 0 adds the rest and renames it into place: a checkpoint with a missing rank's shards is never renamed, so
-never resumed from. `python -m torch.distributed.checkpoint.format_utils dcp_to_torch_save step-N/dcp full.pt`
-turns the shards into one file of whole tensors ({"model": {name: tensor}, "optimizer": ...}).
+never resumed from. `python -m torch.distributed.checkpoint.format_utils dcp_to_torch step-N/dcp full.pt`
+turns the shards of a checkpoint one trusts into one file of whole tensors ({"model": ..., "optimizer": ...}).
 
 Nothing read back can execute code: weights are safetensors, the step is JSON, and the optimizer, scheduler
 and RNG states are loaded with `torch.load(weights_only=True)` (tensors and plain containers only; numpy's RNG
