@@ -359,3 +359,54 @@ def test_planted_pickles_in_dcp_shards_are_refused_not_run(tmp_path):
     with pytest.raises(CheckpointError, match=r"\.metadata: refused to load"):
         read_shards(meta, {"w": torch.zeros(3, 2)})
     assert not marker.exists()
+
+
+def _full_disk_worker(rank: int, port: int, model_dir: str, out: str, q) -> None:
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from opct.models import load_model
+    from opct.train import checkpoint
+    from opct.train.distributed import Replicas, wrap
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        replicas = Replicas(rank, 2, "fsdp")
+        model, _ = load_model(model_dir)
+        replica = wrap(model, replicas, torch.device("cpu"))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        if rank == 1:  # rank 1's disk is full when it writes its shards
+            def full(self, plan, planner):
+                raise OSError(28, "No space left on device")
+            FileSystemWriter.write_data = full
+        try:
+            checkpoint.save(Path(out), 1, model, opt, sched, torch.Generator(), replica=replica, replicas=replicas)
+            q.put((rank, "saved"))
+        except Exception as e:  # noqa: BLE001
+            q.put((rank, f"{type(e).__name__}: {e}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_full_disk_on_one_rank_stops_every_rank_and_leaves_no_checkpoint(tiny_model_dir, tmp_path):
+    """FSDP2: rank 1 cannot write its DCP shards. Both ranks stop with a WriteError naming the checkpoint, and
+    neither the checkpoint nor its temporary directory (with rank 0's shard) is left."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    out = tmp_path / "run"
+    procs = [ctx.Process(target=_full_disk_worker, args=(r, port, str(tiny_model_dir), str(out), q))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for rank in (0, 1):
+        assert got[rank].startswith("WriteError") and "step-000001: could not be written" in got[rank], got
+        assert "No space left" in got[rank]
+    assert list((out / "checkpoints").iterdir()) == []
