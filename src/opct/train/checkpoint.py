@@ -209,10 +209,12 @@ def _load_plain(path: Path) -> dict:
 
 
 def load(path: Path, model, optimizer, scheduler, sample_gen: torch.Generator, replica=None,
-         replicas: distributed.Replicas = distributed.SINGLE) -> int:
-    """Restore a checkpoint in place (after checking it against its manifest); returns the step it was taken
-    after. A checkpoint written by another number of processes or another --parallel mode is refused."""
-    verify(path)
+         replicas: distributed.Replicas = distributed.SINGLE, verified: bool = False) -> int:
+    """Restore a checkpoint in place (after checking it against its manifest, unless the caller just `verified`
+    it); returns the step it was taken after. A checkpoint written by another number of processes or another
+    --parallel mode is refused. Every data-parallel rank calls this (collective under FSDP2)."""
+    if not verified:
+        verify(path)
     info = json.loads((path / "state.json").read_text())
     was = (info.get("processes", 1), info.get("parallel", "none"))
     if was != (replicas.world, replicas.mode):
