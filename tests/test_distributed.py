@@ -119,6 +119,18 @@ def test_accelerate_launch_matches_one_process(setup, single, tiny_model_dir, tm
     assert_same_run(single["lora"], out)
 
 
+def test_accelerate_launch_cpu_says_it_started_one_process(setup, tiny_model_dir, tmp_path):
+    """`accelerate launch --cpu --num_processes 2` runs accelerate's simple launcher: one process (it only sets
+    MASTER_ADDR / MASTER_PORT); opct trains on it and says so instead of passing for a 2-process run."""
+    d, pairs = setup
+    cmd = command(tiny_model_dir, pairs, d / "accelerate-cpu", 1, "train", "--lora-rank", "4", steps=1)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    p = run([*launch, *cmd[1:]], env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path)})
+    assert "`accelerate launch --cpu` started ONE process" in p.stderr
+    assert "processes" not in json.loads((d / "accelerate-cpu" / "run.json").read_text())["execution"]
+
+
 def test_sft_two_processes_match_one(setup, tiny_model_dir):
     d, pairs = setup
     a, b = d / "sft-1", d / "sft-2"

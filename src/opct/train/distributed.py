@@ -21,6 +21,7 @@ Shape letters: B rows of this rank's batch.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -125,6 +126,11 @@ def init(device: torch.device, mode: str) -> tuple[Replicas, torch.device]:
         if mode not in ("auto", "none"):
             raise DistributedError(f"--parallel {mode} needs several processes: launch with torchrun "
                                    "--nproc-per-node N -m opct train ...")
+        if os.environ.get("ACCELERATE_USE_CPU") == "True" and "MASTER_PORT" in os.environ:
+            # what `accelerate launch --cpu --num_processes N` (N > 1) leaves: its simple launcher starts one process
+            print("opct: warning: `accelerate launch --cpu` started ONE process; for several CPU processes use "
+                  "`accelerate launch --multi_gpu --num_processes N` (torch.distributed.run; gloo on a CPU) or "
+                  "torchrun", file=sys.stderr)
         return SINGLE, device
     if device.type not in ("cpu", "cuda"):
         raise DistributedError(f"--device {device}: distributed training runs on CPU (gloo) or CUDA (NCCL)")
