@@ -283,6 +283,7 @@ class Teacher:
     def __init__(self, student):
         self.shared = hasattr(student, "disable_adapter")
         self.model = student if self.shared else copy.deepcopy(student).requires_grad_(False).eval()
+        self.replica = None  # the copy's FSDP2-sharded wrapper under --parallel fsdp (train/distributed.py)
 
     @contextlib.contextmanager
     def __call__(self):

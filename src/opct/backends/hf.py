@@ -119,8 +119,8 @@ class HFPolicy(Policy):
         with self.frozen() as frozen_model:
             view = copy.copy(self)
             view.model, view.is_teacher = frozen_model, True
-            if not self.frozen.shared:  # a separate frozen copy: not the data-parallel module
-                view.replica = None
+            if not self.frozen.shared:  # a separate frozen copy: its own sharded module under FSDP2, else none
+                view.replica = self.frozen.replica
             yield view
 
     # -- what subclasses change ------------------------------------------------------------------------------------

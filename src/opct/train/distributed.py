@@ -8,10 +8,12 @@ update equals one process running the whole global batch:
   - sampling draws, for this rank's rows, exactly the uniforms one process would draw for the whole batch
     (`ShardDraws`), and every rank decodes until all ranks' rows are done, so the samples (and the sampling RNG
     state) match the single-process run;
-  - logged numbers are summed over replicas; rank 0 writes metrics, checkpoints and the final model.
-DDP keeps a full copy of the weights on every rank; FSDP2 (`torch.distributed.fsdp.fully_shard`) shards them
-(each decoder layer, then the root). The policy runs every forward through `Replica`, the module DDP / FSDP2
-wrap, so their hooks see every forward.
+  - logged numbers are summed over replicas; rank 0 writes metrics and the final model (gathered).
+DDP keeps a full copy of the weights on every rank, and rank 0 writes checkpoints; FSDP2
+(`torch.distributed.fsdp.fully_shard`) shards them (each decoder layer, then the root; a full fine-tune's frozen
+teacher copy too), and every rank writes its own shards of each checkpoint (`torch.distributed.checkpoint`, see
+train/checkpoint.py). The policy runs every forward through `Replica`, the module DDP / FSDP2 wrap, so their
+hooks see every forward.
 
 Shape letters: B rows of this rank's batch.
 """
@@ -19,6 +21,7 @@ Shape letters: B rows of this rank's batch.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -123,6 +126,11 @@ def init(device: torch.device, mode: str) -> tuple[Replicas, torch.device]:
         if mode not in ("auto", "none"):
             raise DistributedError(f"--parallel {mode} needs several processes: launch with torchrun "
                                    "--nproc-per-node N -m opct train ...")
+        if os.environ.get("ACCELERATE_USE_CPU") == "True" and "MASTER_PORT" in os.environ:
+            # what `accelerate launch --cpu --num_processes N` (N > 1) leaves: its simple launcher starts one process
+            print("opct: warning: `accelerate launch --cpu` started ONE process; for several CPU processes use "
+                  "`accelerate launch --multi_gpu --num_processes N` (torch.distributed.run; gloo on a CPU) or "
+                  "torchrun", file=sys.stderr)
         return SINGLE, device
     if device.type not in ("cpu", "cuda"):
         raise DistributedError(f"--device {device}: distributed training runs on CPU (gloo) or CUDA (NCCL)")
@@ -173,21 +181,38 @@ def wrap(model, replicas: Replicas, device: torch.device):
         ddp.register_comm_hook(None, _sum_hook)
         return ddp
     if replicas.mode == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        from opct.models import unwrap
-
-        layers = getattr(unwrap(model).base_model, "layers", None)
-        if layers is None:
-            raise DistributedError("--parallel fsdp: cannot find the model's decoder layers (model.layers)")
-        for layer in layers:
-            fully_shard(layer)
-        fully_shard(replica)
-        for m in (*layers, replica):  # a plain sum over ranks (the default divides by the world size)
+        for m in _fully_shard(replica):  # a plain sum over ranks (the default divides by the world size)
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)  # SUM, not PREMUL_SUM(1.0), which gloo lacks
         return replica
     raise DistributedError(f"--parallel {replicas.mode!r}: expected auto, ddp or fsdp")
+
+
+def _fully_shard(replica: Replica) -> list:
+    """FSDP2 over each decoder layer, then the root (the Replica: embeddings, final norm, LM head); returns them."""
+    from torch.distributed.fsdp import fully_shard
+
+    from opct.models import unwrap
+
+    layers = getattr(unwrap(replica.lm).base_model, "layers", None)
+    if layers is None:
+        raise DistributedError("--parallel fsdp: cannot find the model's decoder layers (model.layers)")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(replica)
+    return [*layers, replica]
+
+
+def shard_teacher(teacher, replicas: Replicas) -> None:
+    """Under FSDP2, shard a full fine-tune's frozen teacher copy (`opct.models.Teacher`) like the student: each
+    decoder layer, then the root. Its forwards then run through `teacher.replica` on every rank together, as the
+    student's do; FSDP2 keeps a root's parameters gathered after its forward (it expects a backward), so the
+    teacher's embeddings, final norm and LM head stay whole on every rank after its first forward, which is what
+    lets the LM head run outside the forward. With LoRA the teacher is the student itself (nothing to do)."""
+    if replicas.mode != "fsdp" or teacher.shared:
+        return
+    teacher.replica = Replica(teacher.model)
+    _fully_shard(teacher.replica)
 
 
 def set_grad_sync(replica, sync: bool) -> None:
@@ -224,7 +249,7 @@ def draws_for(gen: torch.Generator, replicas: Replicas, rows_total: int):
 
 
 
-# -- checkpoints: full (gathered) tensors, whatever the sharding; rank 0 writes them ----------------------------------
+# -- checkpoint state: full tensors (one process, DDP) or this rank's shards (FSDP2) ------------------------------
 
 def _is_sharded(t) -> bool:
     from torch.distributed.tensor import DTensor
@@ -239,38 +264,42 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
 
 
 def load_trainable(model, state: dict[str, torch.Tensor]) -> None:
-    """Copy full tensors into the parameters (each rank keeps its FSDP2 shard)."""
-    from torch.distributed.tensor import distribute_tensor
-
+    """Copy full tensors into the (unsharded) parameters."""
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n, t in state.items():
-            p = params[n]
-            if _is_sharded(p):
-                p.copy_(distribute_tensor(t.to(p.device), p.device_mesh, p.placements))
-            else:
-                p.copy_(t)
+            params[n].copy_(t)
 
 
-def _options():
+def full_state_options():
+    """get_*_state_dict options for whole tensors, gathered into CPU memory (the final model)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def optimizer_state(optimizer, replica) -> dict:
-    """The optimizer's state; under FSDP2 gathered into full tensors keyed by parameter name (on rank 0)."""
-    if replica is None or not hasattr(replica, "set_requires_gradient_sync"):
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+def _sharded_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return get_optimizer_state_dict(replica, optimizer, options=_options())
+    # Only the trainable parameters (the frozen base of a LoRA run is --model itself); set_state_dict then loads
+    # that subset, so it is not strict about the frozen ones (the keys come from the model, none is unexpected).
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
-def load_optimizer(optimizer, replica, state: dict) -> None:
-    if replica is None or not hasattr(replica, "set_requires_gradient_sync"):
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def sharded_state(replica, optimizer) -> dict:
+    """This rank's shards of the trainable weights and of the optimizer state, keyed by parameter name
+    (`get_state_dict` over the FSDP2 root: DTensors, never gathered), for `torch.distributed.checkpoint`. On
+    a fresh optimizer it first takes one zero-gradient step at lr 0 to create the state tensors a load fills."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    set_optimizer_state_dict(replica, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    model_sd, optim_sd = get_state_dict(replica, optimizer, options=_sharded_options())
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def load_sharded_state(replica, optimizer, state: dict) -> None:
+    """Put a `sharded_state` dict that `torch.distributed.checkpoint.load` filled back into the model and the
+    optimizer (learning rates and the rest of the parameter groups included)."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(replica, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=_sharded_options())

@@ -101,22 +101,33 @@ def acquire_lock(out: Path):
 def resume_from(out: Path, policy: Policy, optimizer, scheduler, gen, steps: int) -> int:
     """Load the newest checkpoint whose files match its manifest (a truncated newest one is skipped with a warning);
     0 when the run was killed before its first checkpoint. A file that is whole but would run code is refused,
-    never skipped; so is a checkpoint beyond --steps."""
+    never skipped; so is a checkpoint beyond --steps. With several processes rank 0 checks the manifests (every
+    file's sha256, all ranks' shards included) and every rank loads the checkpoint it chose."""
+    replicas = policy.replicas
+    chosen = replicas.broadcast(replicas.on_main(lambda: newest_whole_checkpoint(out)))
+    if chosen is None:
+        return 0
+    start = checkpoint.load(Path(chosen), policy.model, optimizer, scheduler, gen, getattr(policy, "replica", None),
+                            replicas, verified=True)
+    if start > steps:
+        raise RunError(f"{out}: the checkpoint is at step {start}, beyond --steps {steps}; pass --steps >= {start}")
+    return start
+
+
+def newest_whole_checkpoint(out: Path) -> str | None:
+    """The newest checkpoint that matches its manifest (warning about each newer one that does not); None, saying
+    so, when there is none yet; a RunError when none matches."""
     found = checkpoint.list_checkpoints(out)
     if not found:
         tqdm.write(f"opct: {out}: no checkpoint yet; starting from step 0", file=sys.stderr)
-        return 0
+        return None
     for path in reversed(found):
         try:
             checkpoint.verify(path)
         except checkpoint.CheckpointError as e:
             tqdm.write(f"opct: warning: {e}; trying an older checkpoint", file=sys.stderr)
             continue
-        start = checkpoint.load(path, policy.model, optimizer, scheduler, gen, getattr(policy, "replica", None),
-                                policy.replicas)
-        if start > steps:
-            raise RunError(f"{out}: the checkpoint is at step {start}, beyond --steps {steps}; pass --steps >= {start}")
-        return start
+        return str(path)
     raise RunError(f"{out}: no checkpoint matches its manifest ({', '.join(p.name for p in found)}); "
                    "start a new --out")
 
@@ -217,6 +228,8 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     if replicas.world > 1:
         trainer = getattr(policy, "inner", policy)  # under a vLLM sampler, the policy that scores
         trainer.replica = distributed.wrap(model, replicas, device)
+        if getattr(trainer, "frozen", None) is not None:  # a full fine-tune's teacher copy: sharded too (FSDP2)
+            distributed.shard_teacher(trainer.frozen, replicas)
         policy.replicas = trainer.replicas = replicas
     params = [p for p in model.parameters() if p.requires_grad]
     betas = tuple(float(x) for x in cfg.betas.split(","))
@@ -424,4 +437,4 @@ def gathered_state(run: Run) -> dict | None:
         return distributed.trainable_state(run.model)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(run.model, options=distributed._options())
+    return get_model_state_dict(run.model, options=distributed.full_state_options())
