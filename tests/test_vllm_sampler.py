@@ -249,7 +249,7 @@ def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
     args = ["train", "--model", "smollm2-135m-instruct", "--pairs", str(pairs), "--steps", "2",
             "--prompts-per-step", "4", "--micro-batch", "4", "--max-new-tokens", "12", "--lora-rank", "8",
             "--save-every", "0", "--no-tensorboard", "--sampler", "vllm", "--backend", "hf", "--device", "cpu",
-            "--threads", "1", "--vllm-kv-cache-gib", "0.5"]
+            "--threads", "1", "--vllm-kv-cache-gib", "1"]
     # each process makes its own vLLM socket directory (not one an engine of this test process set or removed)
     env = {**{k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}, "OMP_NUM_THREADS": "1"}
     one, two = tmp_path / "one", tmp_path / "two"
