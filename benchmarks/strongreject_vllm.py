@@ -25,23 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from opct.backends.vllm_sampler import API_SERVER, VLLMServerSampler
+from opct.backends.vllm_sampler import start_server
 from opct.judges.base import agreement, summarise
 from opct.judges.refusal import RefusalJudge
 from opct.judges.strongreject import StrongRejectJudge
 
 RUNS = Path("benchmarks/results/jailbreak_wrappers-qwen05.json")
 LABELS = Path("benchmarks/results/jailbreak_wrappers-qwen05-handlabels.json")
-
-
-def start_server(python: str, model_dir: str, name: str, workdir: Path, max_model_len: int = 4096):
-    """A `vllm serve` of `model_dir` under the name `name`, from the vLLM venv's `python`, through the vLLM
-    sampler's server start (free port, vLLM's CPU settings, health wait, log in workdir/server.log); returns the
-    server (`.url`, `.cmd`, `.close()`) and its start-up seconds."""
-    t0 = time.time()
-    server = VLLMServerSampler([], model_dir=model_dir, model_name=name, max_model_len=max_model_len,
-                               workdir=str(workdir), vllm_cmd=["nice", "-n", "10", python, "-m", API_SERVER])
-    return server, time.time() - t0
 
 
 def main():

@@ -391,3 +391,13 @@ class VLLMServerSampler(_Closing):
             except ProcessLookupError:
                 pass
         self._remove_dirs()
+
+
+def start_server(python: str, model_dir: str, name: str, workdir: Path, max_model_len: int = 4096):
+    """A `vllm serve` of `model_dir` under the name `name` from another venv's `python` (at nice 10), through
+    `VLLMServerSampler`'s server start; for scripts that only need the endpoint (e.g. an LLM judge). Returns the
+    server (`.url`, `.cmd`, `.close()`) and its start-up seconds."""
+    t0 = time.time()
+    server = VLLMServerSampler([], model_dir=model_dir, model_name=name, max_model_len=max_model_len,
+                               workdir=str(workdir), vllm_cmd=["nice", "-n", "10", python, "-m", API_SERVER])
+    return server, time.time() - t0
