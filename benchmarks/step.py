@@ -16,8 +16,8 @@ train --sampler vllm`; run it with an interpreter that has vllm installed (the v
            the end of the optimizer step; `sync_s` reports it alone;
   peak_rss_mb = this process's peak + the largest peak of its child processes (vLLM's engine core runs in a child),
              an upper bound of what both held at once (`peak_rss_self_mb` / `peak_rss_children_mb` apart).
-  The engine's `max_model_len` (2048 by default) is raised to the longest prompt + max_new_tokens when that is
-  longer (recorded as `vllm_max_model_len`).
+  The engine's `max_model_len` is the training loop's: the longest prompt + max_new_tokens, at least 2048
+  (recorded as `vllm_max_model_len`, from run.json).
 
 `decode_s_per_token`: seconds per decode step at batch B, the median over steps of decode seconds / decode steps
 (decode steps = the longest response of the step). On the cpu backend decode seconds are the decoder build and
@@ -73,9 +73,6 @@ def main() -> None:
     n_steps = a.warmup + a.steps
     items, prompt_info = workload_prompts(a.batch * n_steps, prompt_tokens=a.prompt_tokens, model=a.model)
     pairs = [ConsistencyPair(it["student"], teacher_messages(it)) for it in items]
-    vllm_max_len = None
-    if a.sampler == "vllm":
-        vllm_max_len = patch_vllm_max_model_len(a.model, items, a.max_new_tokens)
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(model=a.model, out=os.path.join(d, "run"), steps=n_steps, prompts_per_step=a.batch,
                           micro_batch=a.batch, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
@@ -86,6 +83,8 @@ def main() -> None:
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0
         rows = read_jsonl(os.path.join(d, "run", "metrics.jsonl"))[a.warmup:]
+        with open(os.path.join(d, "run", "run.json")) as f:
+            execution = json.load(f)["execution"]
 
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
     vllm = a.sampler == "vllm"
@@ -122,34 +121,9 @@ def main() -> None:
         import vllm as vllm_mod
 
         result["sync_s"] = med("sync_seconds")
-        result["vllm_max_model_len"] = vllm_max_len
+        result["vllm_max_model_len"] = execution.get("vllm_max_model_len")
         result["versions"]["vllm"] = vllm_mod.__version__
     print(json.dumps(result))
-
-
-def patch_vllm_max_model_len(model: str, items: list[dict], max_new_tokens: int) -> int:
-    """The vLLM engine's max_model_len for this workload: 2048 (VLLMSampler's default), or the longest student
-    prompt + max_new_tokens when longer; in that case `opct.backends.vllm_sampler.VLLMSampler` (which
-    `opct.backends.vllm.make_sampler` imports when it builds the engine) is replaced by a subclass passing it."""
-    from transformers import AutoTokenizer
-
-    import opct.backends.vllm_sampler as vs
-    from common import prompt_length
-    from opct.models import resolve
-
-    tok = AutoTokenizer.from_pretrained(resolve(model))
-    need = max(prompt_length(tok, it["student"]) for it in items) + max_new_tokens
-    if need <= 2048:
-        return 2048
-    base = vs.VLLMSampler
-
-    class LongerVLLMSampler(base):
-        def __init__(self, *args, **kw):
-            kw.setdefault("max_model_len", need)
-            super().__init__(*args, **kw)
-
-    vs.VLLMSampler = LongerVLLMSampler
-    return need
 
 
 if __name__ == "__main__":

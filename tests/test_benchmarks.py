@@ -177,24 +177,6 @@ def test_compare_three_sides(mods):
     assert "vs_bounds" not in entry
 
 
-# ------------------------------------------------------------------ step.py's vLLM context length
-
-def test_vllm_max_model_len_raised_only_when_needed(mods, tiny_model_dir, monkeypatch):
-    import opct.backends.vllm_sampler as vs
-
-    step = load("step")
-    monkeypatch.setattr(vs, "VLLMSampler", vs.VLLMSampler)  # restored after the test
-    original = vs.VLLMSampler
-    short = [{"student": [{"role": "user", "content": "hello"}], "privileged_context": "x"}]
-    assert step.patch_vllm_max_model_len(str(tiny_model_dir), short, 32) == 2048
-    assert vs.VLLMSampler is original
-    long = [{"student": [{"role": "user", "content": "word " * 2100}], "privileged_context": "x"}]
-    need = step.patch_vllm_max_model_len(str(tiny_model_dir), long, 64)
-    assert need > 2048 and need == mods["common"].prompt_length(
-        __import__("transformers").AutoTokenizer.from_pretrained(tiny_model_dir), long[0]["student"]) + 64
-    assert vs.VLLMSampler is not original and issubclass(vs.VLLMSampler, original)
-
-
 def test_prompt_summary_folds_wrapper_lists(mods):
     info = {"kind": "multi-turn", "band": [1, 2], "wrappers": [["b", "a"], ["a"], ["c"]]}
     assert mods["common"].prompt_summary(info) == {"kind": "multi-turn", "band": [1, 2], "wrappers_used": ["a", "b", "c"]}

@@ -30,7 +30,7 @@ class FakeSampler:
 def test_vllm_policy_samples_through_the_sampler_and_syncs_every_step(tiny_model_dir, tmp_path, monkeypatch,
                                                                      micro_batch):
     fake = FakeSampler()
-    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids: fake)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, max_model_len: fake)
     out = tmp_path / "run"
     train(cfg_for(tiny_model_dir, out, steps=3, sampler="vllm", micro_batch=micro_batch), pairs=make_pairs(),
           show_progress=False)
@@ -40,6 +40,43 @@ def test_vllm_policy_samples_through_the_sampler_and_syncs_every_step(tiny_model
         assert r["response_len"] == 3 and r["sampler_logp_gap"] == pytest.approx(-r["logp_student"], rel=1e-5)
     info = json.loads((out / "run.json").read_text())
     assert info["execution"]["sampler"] == "FakeSampler"
+
+
+def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir, tmp_path, monkeypatch):
+    """The training loop sizes vLLM's max_model_len from the rendered student prompts (a fixed 2048 made a run with
+    longer prompts fail when vLLM refused the first request), and run.json records it."""
+    import importlib.util
+
+    from opct.backends import vllm_sampler
+
+    assert vllm_backend.needed_model_len([10, 30], 64) == vllm_backend.DEFAULT_MAX_MODEL_LEN
+    assert vllm_backend.needed_model_len([2000, 30], 100) == 2100
+    assert vllm_backend.needed_model_len([], 4096) == 4096
+
+    seen = {}
+
+    class Engine(FakeSampler):  # stands in for vllm_sampler.VLLMSampler inside make_sampler
+        def __init__(self, model_dir, eos_ids, *, max_model_len, **kw):
+            super().__init__()
+            seen.update(kw, model_dir=model_dir)
+            self.max_model_len = seen["max_model_len"] = max_model_len
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else
+                        real_find_spec(name, *a))
+    monkeypatch.setattr(vllm_sampler, "VLLMSampler", Engine)
+    monkeypatch.setattr(vllm_backend, "needed_model_len", lambda lengths, new: max(lengths) + new)  # the lengths
+    out = tmp_path / "run"
+    cfg = cfg_for(tiny_model_dir, out, steps=1, sampler="vllm")
+    train(cfg, pairs=make_pairs(), show_progress=False)
+
+    from transformers import AutoTokenizer
+
+    from opct.data.pairs import render_prompt
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    longest = max(len(render_prompt(tok, p.student)) for p in make_pairs())
+    assert seen["max_model_len"] == longest + cfg.max_new_tokens
+    assert json.loads((out / "run.json").read_text())["execution"]["vllm_max_model_len"] == seen["max_model_len"]
 
 
 def test_the_kv_cache_size_reaches_vllm_as_a_whole_number(monkeypatch):

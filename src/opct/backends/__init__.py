@@ -70,9 +70,10 @@ def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
 
 
 def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30,
-                lora_dropout: float = 0.0) -> Policy:
+                lora_dropout: float = 0.0, prompt_lengths=()) -> Policy:
     """The Policy of `backend` around a loaded (and, for training, LoRA-wrapped) model; with a vLLM `sampler`
-    setting, wrapped so that vLLM samples (backends/vllm.py)."""
+    setting, wrapped so that vLLM samples (backends/vllm.py), its engine sized for the longest of `prompt_lengths`
+    (the student prompts, in tokens) plus max_new_tokens."""
     if backend == "cpu":
         from opct.backends.cpu import CPUPolicy
 
@@ -82,9 +83,9 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
 
         policy = HFPolicy(model, tok, eos_ids)
     if getattr(cfg, "sampler", "policy") != "policy":
-        from opct.backends.vllm import VLLMPolicy, make_sampler
+        from opct.backends.vllm import VLLMPolicy, make_sampler, needed_model_len
 
-        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids))
+        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, needed_model_len(prompt_lengths, cfg.max_new_tokens)))
     return policy
 
 

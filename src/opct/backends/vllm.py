@@ -19,6 +19,14 @@ import torch
 from opct.backends.base import Policy, Rollout
 
 
+DEFAULT_MAX_MODEL_LEN = 2048  # the engine's context when the run's prompts + responses are shorter
+
+
+def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
+    """The engine context a run needs: its longest prompt + max_new_tokens, at least DEFAULT_MAX_MODEL_LEN."""
+    return max(DEFAULT_MAX_MODEL_LEN, max(prompt_lengths, default=0) + max_new_tokens)
+
+
 class VLLMPolicy(Policy):
     name = "vllm"
 
@@ -51,14 +59,17 @@ class VLLMPolicy(Policy):
         self.sync_seconds = self.sampler.sync(self.model, self.steps)
 
     def describe(self) -> dict:
-        return {**self.inner.describe(), "sampler": type(self.sampler).__name__}
+        return {**self.inner.describe(), "sampler": type(self.sampler).__name__,
+                "vllm_max_model_len": getattr(self.sampler, "max_model_len", None)}
 
     def close(self) -> None:
         self.sampler.close()
 
 
-def make_sampler(cfg, eos_ids):
+def make_sampler(cfg, eos_ids, max_model_len: int = DEFAULT_MAX_MODEL_LEN):
     """The vLLM sampler a config asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU).
+    `max_model_len`: the engine's context, at least the longest prompt + max_new_tokens of the run (the training
+    loop passes that, or DEFAULT_MAX_MODEL_LEN when it is shorter); a server given by --vllm-url has its own.
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
     device: under torchrun each rank has its own engine on its own GPU."""
     import importlib.util
@@ -72,7 +83,7 @@ def make_sampler(cfg, eos_ids):
                            "recipe)" + ("; or pass --vllm-url of a running server" if cfg.sampler != "vllm" else ""))
     device, dtype, _ = resolve(cfg)
     kw = dict(dtype=str(dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
-              kv_cache_gib=cfg.vllm_kv_cache_gib)
+              kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=max_model_len)
     on_gpu = device.type == "cuda"
     gpu = str(torch.cuda.current_device()) if on_gpu else None
     if cfg.sampler == "vllm":

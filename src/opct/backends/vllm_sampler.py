@@ -158,6 +158,7 @@ class VLLMSampler(_Closing):
 
         self.eos_ids = sorted(int(e) for e in eos_ids)
         self.lora = lora_rank > 0
+        self.max_model_len = max_model_len
         kw = dict(enable_lora=True, max_lora_rank=_max_lora_rank(lora_rank), max_loras=2) if self.lora else {}
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=enforce_eager, generation_config="vllm", worker_extension_cls=WORKER_EXT,
@@ -269,6 +270,7 @@ class VLLMServerSampler(_Closing):
         self.versions = _Versions(self.workdir)
         self.served = model_name  # the model name requests go to: the base, or the current adapter's name
         self.proc = None
+        self.max_model_len = max_model_len if url is None else None  # a running server's own is not known here
         if url is None:
             url = self._start(model_dir, dtype, lora_rank, max_model_len, seed, kv_cache_gib, start_timeout,
                               vllm_cmd, extra_args)

@@ -224,7 +224,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     else:
         model.requires_grad_(True)
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
-                                  lora_dropout=cfg.lora_dropout)
+                                  lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
     if replicas.world > 1:
         trainer = getattr(policy, "inner", policy)  # under a vLLM sampler, the policy that scores
         trainer.replica = distributed.wrap(model, replicas, device)
