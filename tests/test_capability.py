@@ -12,7 +12,6 @@ import json
 import math
 import os
 import zipfile
-from pathlib import Path
 
 import pytest
 

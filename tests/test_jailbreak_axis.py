@@ -4,7 +4,6 @@ counts, and the adaptive attack — on the fake wheels of test_harmful and a tin
 import json
 
 import pytest
-import torch
 
 from opct.axes import jailbreak as J
 from opct.data.harmful import EvalItem

@@ -40,8 +40,6 @@ import json
 import random
 from dataclasses import dataclass, fields
 
-import torch
-
 from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_split, load_benign, user,
                                wrapper_split)
 from opct.axes.base import AxisData, generate

@@ -32,7 +32,7 @@ from opct.axes.base import AxisData, generate
 from opct.axes.safety_metrics import TAUS_PAPER, ausc, bootstrap_ci, mean, per_fact_pass_rates, share_at_100, \
     safety_curve
 from opct.data.io import atomic_write
-from opct.data.safety import VARIANTS, SafetyPrompt, generate_prompts, load_safety, make_pairs, \
+from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, \
     split_facts
 
 SPLITS = ("heldout", "train", "contrast", "oracle")
