@@ -31,7 +31,7 @@ class Clock:
     def __init__(self, monkeypatch):
         self.t, self.busy, self.own = 100.0, 0.0, 0.0
         monkeypatch.setattr(threads.time, "monotonic", lambda: self.t)
-        monkeypatch.setattr(threads, "_cpu_busy_seconds", lambda cpus: self.busy)
+        monkeypatch.setattr(threads, "cpu_busy_seconds", lambda cpus: self.busy)
         monkeypatch.setattr(threads, "_own_cpu_seconds", lambda: self.own)
 
     def advance(self, wall, others, own):
