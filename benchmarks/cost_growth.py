@@ -45,7 +45,8 @@ from vs_trl import OPCT_STEP, TRL_STEP, BusyLoop, Side, run_side  # noqa: E402
 
 SIDES = ("opct", "trl", "opct_vllm")
 SUPERLINEAR_MARGIN = 0.1
-MATCH_KEYS = ("model", "batch", "lora_rank", "steps", "warmup", "threads", "contention")
+SHARED_CORES = 0.25  # a run during which other processes kept more cores busy than this was shared: run it again
+MATCH_KEYS = ("model", "batch", "lora_rank", "steps", "warmup", "threads", "contention", "huge_pages")
 PHASES = ("sample", "teacher", "student", "optim", "decode")
 
 
@@ -120,10 +121,16 @@ def save_results(path: str, results: dict) -> None:
     os.replace(tmp, path)
 
 
+def shared(run: dict, contention) -> bool:
+    """Whether other processes shared the CPU with this run (never under --contention, where that is the point)."""
+    return not contention and (run.get("others_busy_cores") or 0.0) > SHARED_CORES
+
+
 def pending_sides(results: dict, cell: tuple[int, int], sides: list[str]) -> list[str]:
-    """The sides of `cell` still to run: those with no result or an error."""
+    """The sides of `cell` still to run: those with no result, an error, or a result measured on a shared CPU."""
     runs = results["cells"].get(cell_key(*cell), {}).get("runs", {})
-    return [s for s in sides if s not in runs or "error" in runs[s]]
+    contention = results["config"].get("contention")
+    return [s for s in sides if s not in runs or "error" in runs[s] or shared(runs[s], contention)]
 
 
 def side_summary(run: dict) -> dict:
@@ -266,7 +273,9 @@ def main(argv=None):
         cells = parse_cells(args.cells) if args.cells else grid_cells(
             parse_int_list(args.prompt_tokens, "--prompt-tokens"), parse_int_list(args.new_tokens, "--new-tokens"))
         config = {"model": args.model, "batch": args.batch, "lora_rank": args.lora_rank, "steps": args.steps,
-                  "warmup": args.warmup, "threads": args.threads, "contention": args.contention}
+                  "warmup": args.warmup, "threads": args.threads, "contention": args.contention,
+                  # PyTorch's huge-page allocator setting, as both sides' processes get it (from this environment)
+                  "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")}
         results = load_results(args.out, config)
     except GridError as e:
         sys.exit(f"cost_growth.py: {e}")
@@ -298,6 +307,9 @@ def main(argv=None):
             print(f"[cost_growth]   median_step_s={run.get('median_step_s')} peak_rss_mb={run.get('peak_rss_mb')} "
                   f"({time.perf_counter() - t0:.0f} s){' ERROR ' + run['error'] if 'error' in run else ''}",
                   file=sys.stderr, flush=True)
+            if shared(run, args.contention):
+                print(f"[cost_growth]   SHARED: other processes kept {run['others_busy_cores']:.2f} cores busy during "
+                      "this run; the same command runs it again", file=sys.stderr, flush=True)
 
     results["growth"] = growth(results, results["config"]["sides"])
     results["table"] = markdown_table(results, results["config"]["sides"])

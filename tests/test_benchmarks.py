@@ -108,7 +108,8 @@ def run(step_s, rss, prompt_tokens, decode_steps, phases=None):
 
 def test_resume_skips_finished_sides_and_checks_config(mods, tmp_path):
     cg = mods["cost_growth"]
-    config = {"model": "m", "batch": 8, "lora_rank": 32, "steps": 2, "warmup": 1, "threads": None, "contention": False}
+    config = {"model": "m", "batch": 8, "lora_rank": 32, "steps": 2, "warmup": 1, "threads": None, "contention": False,
+              "huge_pages": False}
     path = str(tmp_path / "grid.json")
     results = cg.load_results(path, config)
     assert results["cells"] == {}
@@ -121,6 +122,11 @@ def test_resume_skips_finished_sides_and_checks_config(mods, tmp_path):
     again = cg.load_results(path, config)
     assert cg.pending_sides(again, (400, 128), ["opct", "trl"]) == ["trl"]  # the failed side runs again
     assert cg.pending_sides(again, (1600, 128), ["opct", "trl"]) == ["opct", "trl"]
+    # a run that shared the CPU with other processes is run again, except under --contention
+    again["cells"]["400x128"]["runs"]["opct"]["others_busy_cores"] = 0.43
+    assert cg.pending_sides(again, (400, 128), ["opct", "trl"]) == ["opct", "trl"]
+    again["config"]["contention"] = "own"
+    assert cg.pending_sides(again, (400, 128), ["opct", "trl"]) == ["trl"]
     with pytest.raises(cg.GridError, match=r"config\.steps"):
         cg.load_results(path, {**config, "steps": 3})
     (tmp_path / "bad.json").write_text("{\n  \"cells\": [\n")
