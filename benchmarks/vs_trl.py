@@ -70,19 +70,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import median  # noqa: E402
 
+from opct.threads import cpu_busy_seconds  # noqa: E402  (all cores' busy seconds, /proc/stat; no torch)
+
 OPCT_STEP = os.path.join(HERE, "step.py")
 TRL_STEP = os.path.join(HERE, "trl_step.py")
 BOUNDS = os.path.join(HERE, "bounds.py")
-
-
-def cpu_busy_seconds() -> float | None:
-    """CPU seconds all cores have spent busy since boot (Linux /proc/stat), None elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return None
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
 
 
 def busy_cores(seconds: float = 1.0) -> float | None:
@@ -149,9 +141,9 @@ def run_json(script: str, flags: list[str], python: str | None = None, threads: 
     (machine busy time minus the child's own CPU time), the check that the timings are not shared.
     `python`: the interpreter (default this one); `threads`: OMP_NUM_THREADS for the child (default: inherited).
     """
-    # Both sides with the allocator setting `opct`'s CLI applies before torch starts (huge_pages): before the
-    # backend seam, importing opct set it in both processes, so this keeps the comparison as it was.
-    env = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    # Each side at its defaults: neither opct (huge_pages off by default) nor TRL asks PyTorch for huge pages;
+    # THP_MEM_ALLOC_ENABLE=1 in this environment gives both sides them (recorded as config.huge_pages).
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     busy0, child0 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -424,7 +416,8 @@ def main(argv=None):
                                    "--batch", str(args.batch)]
                           + (["--threads", str(args.threads)] if args.threads else []), threads=args.threads)
 
-    summary = {"config": vars(args), "bounds": bounds, "configs": {}, "notes": [],
+    summary = {"config": {**vars(args), "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")},
+               "bounds": bounds, "configs": {}, "notes": [],
                "contention": (BusyLoop(new_session=args.contention != "same").describe() if args.contention
                               else {"on": False})}
     if not have_opct:

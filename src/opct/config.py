@@ -66,7 +66,7 @@ class ExecConfig:
                                      "(keys and values elsewhere)", group=CPU)
     keep_freed_memory: bool = opt(True, "glibc keeps freed pages in the process (process-wide; env "
                                   "OPCT_KEEP_FREED_MEMORY)", group=CPU)
-    huge_pages: bool = opt(True, "transparent huge pages for large CPU tensors (process-wide, set by the CLI before "
+    huge_pages: bool = opt(False, "transparent huge pages for large CPU tensors (process-wide, set by the CLI before "
                            "torch allocates; env THP_MEM_ALLOC_ENABLE)", group=CPU)
 
 

@@ -8,9 +8,11 @@ step page-faults all of that memory in again and the kernel zeroes it. Raising b
 The cost: the process's resident memory stays near its high-water mark after a peak instead of shrinking.
 The `keep_freed_memory` setting (env OPCT_KEEP_FREED_MEMORY=0) turns it off; other C libraries are left alone.
 
-Transparent huge pages for large tensors (`huge_pages`, env THP_MEM_ALLOC_ENABLE) are read by PyTorch once, at
-its first allocation, so only the CLI can apply it: it sets that variable before it imports torch
-(`opct.cli.before_torch`). Library users who want it set THP_MEM_ALLOC_ENABLE=1 in the environment.
+Transparent huge pages for large tensors (`huge_pages`, env THP_MEM_ALLOC_ENABLE; off by default) are read by
+PyTorch once, at its first allocation, so only the CLI can apply it: it sets that variable before it imports torch
+(`opct.cli.before_torch`). Library users who want it set THP_MEM_ALLOC_ENABLE=1 in the environment. Off by
+default because, with freed pages kept in the process, huge pages no longer save page faults: they only round
+allocations up (figures: docs/speed.md).
 """
 
 from __future__ import annotations
