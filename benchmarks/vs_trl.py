@@ -134,16 +134,19 @@ class BusyLoop:
                 "what": "python integer LCG loop, one process, for the duration of each side's run"}
 
 
-def run_json(script: str, flags: list[str], python: str | None = None, threads: int | None = None) -> dict:
+def run_json(script: str, flags: list[str], python: str | None = None, threads: int | None = None,
+             extra_env: dict | None = None) -> dict:
     """Run a benchmark script in a fresh interpreter and return the last JSON line it printed.
 
     Also records `others_busy_cores`: the cores other processes kept busy on average during the run
     (machine busy time minus the child's own CPU time), the check that the timings are not shared.
-    `python`: the interpreter (default this one); `threads`: OMP_NUM_THREADS for the child (default: inherited).
+    `python`: the interpreter (default this one); `threads`: OMP_NUM_THREADS for the child (default: inherited);
+    `extra_env`: more environment for the child (a side's own settings).
     """
     # Each side at its defaults: neither opct (huge_pages off by default) nor TRL asks PyTorch for huge pages;
-    # THP_MEM_ALLOC_ENABLE=1 in this environment gives both sides them (recorded as config.huge_pages).
-    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    # THP_MEM_ALLOC_ENABLE=1 in this environment gives both sides them (recorded as config.huge_pages),
+    # --trl-huge-pages only TRL's (a Side's own `env`).
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", **(extra_env or {})}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     busy0, child0 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -303,10 +306,12 @@ def ratio_spread(opct_runs: list[dict], trl_runs: list[dict], n_boot: int = 4000
 
 
 class Side:
-    """One benchmarked side: its name, script, interpreter (None: this one) and extra flags."""
+    """One benchmarked side: its name, script, interpreter (None: this one), extra flags and extra environment."""
 
-    def __init__(self, name: str, script: str, python: str | None = None, extra: list[str] | None = None):
+    def __init__(self, name: str, script: str, python: str | None = None, extra: list[str] | None = None,
+                 env: dict | None = None):
         self.name, self.script, self.python, self.extra = name, script, python, list(extra or [])
+        self.env = dict(env or {})
 
 
 def workload_flags(prompt_tokens: int | None) -> list[str]:
@@ -321,9 +326,9 @@ def run_side(side: Side, flags: list[str], contention: bool | str = False, threa
     if threads is not None and side.script != TRL_STEP:
         flags = flags + ["--threads", str(threads)]
     if not contention:
-        return run_json(side.script, flags + side.extra, side.python, threads)
+        return run_json(side.script, flags + side.extra, side.python, threads, side.env)
     with BusyLoop(new_session=contention != "same"):
-        result = run_json(side.script, flags + side.extra, side.python, threads)
+        result = run_json(side.script, flags + side.extra, side.python, threads, side.env)
     result["contention"] = "same session" if contention == "same" else "own session"
     return result
 
@@ -383,11 +388,15 @@ def main(argv=None):
                    help="torch threads of every side and the bounds (default: each side's own: opct's thread "
                         "policy, TRL's torch default, bounds.py's 2)")
     p.add_argument("--no-bounds", action="store_true", help="skip benchmarks/bounds.py (no vs_bounds tables)")
+    p.add_argument("--trl-huge-pages", action="store_true",
+                   help="give only TRL's process PyTorch's huge-page allocator (THP_MEM_ALLOC_ENABLE=1; opct's "
+                        "default is off): each side at its faster setting")
     args = p.parse_args(argv)
 
     have_opct = os.path.exists(args.opct_step)
     ranks = [args.lora_rank] + ([0] if args.full and args.lora_rank != 0 else [])
-    sides = ([Side("opct", args.opct_step)] if have_opct else []) + [Side("trl", TRL_STEP)]
+    trl_env = {"THP_MEM_ALLOC_ENABLE": "1"} if args.trl_huge_pages else {}
+    sides = ([Side("opct", args.opct_step)] if have_opct else []) + [Side("trl", TRL_STEP, env=trl_env)]
     if args.vllm_python:
         sides.append(Side("opct_vllm", args.opct_step, python=args.vllm_python, extra=["--sampler", "vllm"]))
     runs = {rank: {side.name: [] for side in sides} for rank in ranks}

@@ -183,6 +183,15 @@ def test_compare_three_sides(mods):
     assert "vs_bounds" not in entry
 
 
+def test_a_side_gets_its_own_environment(mods, tmp_path, monkeypatch):
+    vs = mods["vs_trl"]
+    script = tmp_path / "env.py"
+    script.write_text("import json, os\nprint(json.dumps({'thp': os.environ.get('THP_MEM_ALLOC_ENABLE')}))\n")
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    assert vs.run_side(vs.Side("trl", str(script), env={"THP_MEM_ALLOC_ENABLE": "1"}), [])["thp"] == "1"
+    assert vs.run_side(vs.Side("opct", str(script)), [])["thp"] is None  # each side at its defaults
+
+
 def test_prompt_summary_folds_wrapper_lists(mods):
     info = {"kind": "multi-turn", "band": [1, 2], "wrappers": [["b", "a"], ["a"], ["c"]]}
     assert mods["common"].prompt_summary(info) == {"kind": "multi-turn", "band": [1, 2], "wrappers_used": ["a", "b", "c"]}
