@@ -41,7 +41,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from vs_trl import OPCT_STEP, TRL_STEP, BusyLoop, Side, run_side  # noqa: E402
+from vs_trl import OPCT_STEP, TRL_STEP, BusyLoop, Side, huge_pages_env, run_side  # noqa: E402
 
 SIDES = ("opct", "trl", "opct_vllm")
 SUPERLINEAR_MARGIN = 0.1
@@ -275,7 +275,7 @@ def main(argv=None):
         config = {"model": args.model, "batch": args.batch, "lora_rank": args.lora_rank, "steps": args.steps,
                   "warmup": args.warmup, "threads": args.threads, "contention": args.contention,
                   # PyTorch's huge-page allocator setting, as both sides' processes get it (from this environment)
-                  "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")}
+                  "huge_pages": huge_pages_env()}
         results = load_results(args.out, config)
     except GridError as e:
         sys.exit(f"cost_growth.py: {e}")

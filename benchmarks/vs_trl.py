@@ -77,6 +77,11 @@ TRL_STEP = os.path.join(HERE, "trl_step.py")
 BOUNDS = os.path.join(HERE, "bounds.py")
 
 
+def huge_pages_env() -> bool:
+    """Whether this environment gives the sides PyTorch's huge-page allocator (THP_MEM_ALLOC_ENABLE)."""
+    return os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")
+
+
 def busy_cores(seconds: float = 1.0) -> float | None:
     """Cores kept busy right now by other processes (this script sleeps meanwhile)."""
     b0 = cpu_busy_seconds()
@@ -425,7 +430,7 @@ def main(argv=None):
                                    "--batch", str(args.batch)]
                           + (["--threads", str(args.threads)] if args.threads else []), threads=args.threads)
 
-    summary = {"config": {**vars(args), "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")},
+    summary = {"config": {**vars(args), "huge_pages": huge_pages_env()},
                "bounds": bounds, "configs": {}, "notes": [],
                "contention": (BusyLoop(new_session=args.contention != "same").describe() if args.contention
                               else {"on": False})}

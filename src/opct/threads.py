@@ -40,7 +40,8 @@ def cpu_busy_seconds(cpus: set[int] | None = None) -> float | None:
     except OSError:
         return None
     # user nice system irq softirq steal (guest time is already inside user and nice)
-    ticks = sum(sum(int(p[i]) for i in (1, 2, 3, 6, 7, 8) if i < len(p)) for p in lines if cpus is None or int(p[0][3:]) in cpus)
+    ticks = sum(sum(int(p[i]) for i in (1, 2, 3, 6, 7, 8) if i < len(p))
+                for p in lines if cpus is None or int(p[0][3:]) in cpus)
     return ticks / os.sysconf("SC_CLK_TCK")
 
 

@@ -17,9 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from opct.backends.base import Policy, Rollout
-
-
-DEFAULT_MAX_MODEL_LEN = 2048  # the engine's context when the run's prompts + responses are shorter
+from opct.backends.vllm_sampler import DEFAULT_MAX_MODEL_LEN
 
 
 def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:

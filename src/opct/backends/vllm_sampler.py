@@ -58,6 +58,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+DEFAULT_MAX_MODEL_LEN = 2048  # an engine's context when the run's prompts + responses are shorter
+
 WORKER_EXT = "opct.backends.vllm_worker.WeightSync"
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -148,7 +150,7 @@ class VLLMSampler(_Closing):
     (opct's: the tokenizer's EOS plus the generation config's)."""
 
     def __init__(self, model_dir: str, eos_ids, *, dtype: str = "float32", lora_rank: int = 0,
-                 max_model_len: int = 2048, seed: int = 0, workdir: str | None = None, kv_cache_gib: float = 1,
+                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, seed: int = 0, workdir: str | None = None, kv_cache_gib: float = 1,
                  enforce_eager: bool = True, **llm_kwargs):
         self.own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="opct-vllm-"))
@@ -256,7 +258,7 @@ class VLLMServerSampler(_Closing):
     <workdir>/server.log)."""
 
     def __init__(self, eos_ids, *, url: str | None = None, model_dir: str | None = None, model_name: str = "base",
-                 dtype: str = "float32", lora_rank: int = 0, max_model_len: int = 2048, seed: int = 0,
+                 dtype: str = "float32", lora_rank: int = 0, max_model_len: int = DEFAULT_MAX_MODEL_LEN, seed: int = 0,
                  workdir: str | None = None, kv_cache_gib: float = 1, start_timeout: float = 900,
                  vllm_cmd: list[str] | None = None, extra_args: tuple[str, ...] = (), request_timeout: float = 600):
         if (url is None) == (model_dir is None):
