@@ -45,6 +45,25 @@ def children_peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+def workload_pairs(model: str, n: int, prompt_tokens: int | None):
+    """`n` consistency pairs of the benchmark workload (`common.workload_prompts`) and its prompt info."""
+    from opct.data.pairs import ConsistencyPair
+
+    items, info = workload_prompts(n, prompt_tokens=prompt_tokens, model=model)
+    return [ConsistencyPair(it["student"], teacher_messages(it)) for it in items], info
+
+
+def step_config(out: str, model: str, batch: int, steps: int, max_new_tokens: int, lora_rank: int, **overrides):
+    """The benchmark's TrainConfig: one micro-batch of `batch` prompts a step, plain sampling at temperature 1,
+    LoRA alpha = 2 x rank, no checkpoints; `overrides` set any other key."""
+    from opct.config import TrainConfig
+
+    return TrainConfig(**{"model": model, "out": out, "steps": steps, "prompts_per_step": batch, "micro_batch": batch,
+                          "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                          "lora_rank": lora_rank, "lora_alpha": 2.0 * lora_rank, "lr": 1e-5, "save_every": 0,
+                          "tensorboard": False, "device": "cpu", **overrides})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -66,19 +85,13 @@ def main() -> None:
     import torch
 
     from opct.algo.opct import train
-    from opct.config import TrainConfig
     from opct.data.io import read_jsonl
-    from opct.data.pairs import ConsistencyPair
 
     n_steps = a.warmup + a.steps
-    items, prompt_info = workload_prompts(a.batch * n_steps, prompt_tokens=a.prompt_tokens, model=a.model)
-    pairs = [ConsistencyPair(it["student"], teacher_messages(it)) for it in items]
+    pairs, prompt_info = workload_pairs(a.model, a.batch * n_steps, a.prompt_tokens)
     with tempfile.TemporaryDirectory() as d:
-        cfg = TrainConfig(model=a.model, out=os.path.join(d, "run"), steps=n_steps, prompts_per_step=a.batch,
-                          micro_batch=a.batch, max_new_tokens=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-                          lora_rank=a.lora_rank, lora_alpha=2.0 * a.lora_rank, lr=1e-5, save_every=0,
-                          tensorboard=False, loss=a.loss, threads=a.threads, device="cpu", backend=a.backend,
-                          dtype=a.dtype, sampler=a.sampler)
+        cfg = step_config(os.path.join(d, "run"), a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank,
+                          loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler)
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0

@@ -23,12 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import torch  # noqa: E402
-from common import teacher_messages, workload_prompts  # noqa: E402
+from step import step_config, workload_pairs  # noqa: E402
 
 import opct.train.loop as loop  # noqa: E402
 from opct.algo.opct import train  # noqa: E402
-from opct.config import TrainConfig  # noqa: E402
-from opct.data.pairs import ConsistencyPair  # noqa: E402
 
 
 def main() -> None:
@@ -45,8 +43,7 @@ def main() -> None:
     if args.profile and args.skip >= args.steps:
         p.error("--skip must leave at least one step to profile")
 
-    items, _ = workload_prompts(args.batch * args.steps, prompt_tokens=args.prompt_tokens or None, model=args.model)
-    pairs = [ConsistencyPair(it["student"], teacher_messages(it)) for it in items]
+    pairs, _ = workload_pairs(args.model, args.batch * args.steps, args.prompt_tokens or None)
     prof = None
     if args.profile:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
@@ -70,10 +67,7 @@ def main() -> None:
 
     loop.optimizer_step = counted_step  # opct_step calls loop.optimizer_step once a step
     with tempfile.TemporaryDirectory() as d:
-        cfg = TrainConfig(model=args.model, out=os.path.join(d, "run"), steps=args.steps,
-                          prompts_per_step=args.batch, micro_batch=args.batch, max_new_tokens=args.new_tokens,
-                          temperature=1.0, top_p=1.0, top_k=0, lora_rank=32, lora_alpha=64.0, lr=1e-5,
-                          save_every=0, tensorboard=False)
+        cfg = step_config(os.path.join(d, "run"), args.model, args.batch, args.steps, args.new_tokens, lora_rank=32)
         if prof is not None:
             prof.start()
         last[1] = time.perf_counter()

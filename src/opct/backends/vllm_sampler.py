@@ -150,8 +150,8 @@ class VLLMSampler(_Closing):
     (opct's: the tokenizer's EOS plus the generation config's)."""
 
     def __init__(self, model_dir: str, eos_ids, *, dtype: str = "float32", lora_rank: int = 0,
-                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, seed: int = 0, workdir: str | None = None, kv_cache_gib: float = 1,
-                 enforce_eager: bool = True, **llm_kwargs):
+                 max_model_len: int = DEFAULT_MAX_MODEL_LEN, seed: int = 0, workdir: str | None = None,
+                 kv_cache_gib: float = 1, enforce_eager: bool = True, **llm_kwargs):
         self.own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="opct-vllm-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -258,8 +258,8 @@ class VLLMServerSampler(_Closing):
     <workdir>/server.log)."""
 
     def __init__(self, eos_ids, *, url: str | None = None, model_dir: str | None = None, model_name: str = "base",
-                 dtype: str = "float32", lora_rank: int = 0, max_model_len: int = DEFAULT_MAX_MODEL_LEN, seed: int = 0,
-                 workdir: str | None = None, kv_cache_gib: float = 1, start_timeout: float = 900,
+                 dtype: str = "float32", lora_rank: int = 0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+                 seed: int = 0, workdir: str | None = None, kv_cache_gib: float = 1, start_timeout: float = 900,
                  vllm_cmd: list[str] | None = None, extra_args: tuple[str, ...] = (), request_timeout: float = 600):
         if (url is None) == (model_dir is None):
             raise ValueError("VLLMServerSampler: pass exactly one of url= (a running server) or model_dir= (start one)")
