@@ -78,6 +78,8 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
+    p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the cpu backend's decode_dtype (bfloat16: sampling on bfloat16 weight copies)")
     p.add_argument("--sampler", default="policy", choices=["policy", "vllm"],
                    help="who samples: the training backend, or an in-process vLLM engine (needs vllm installed)")
     a = p.parse_args()
@@ -91,7 +93,8 @@ def main() -> None:
     pairs, prompt_info = workload_pairs(a.model, a.batch * n_steps, a.prompt_tokens)
     with tempfile.TemporaryDirectory() as d:
         cfg = step_config(os.path.join(d, "run"), a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank,
-                          loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler)
+                          loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
+                          decode_dtype=a.decode_dtype)
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0
@@ -125,7 +128,8 @@ def main() -> None:
         "prompts": prompt_summary(prompt_info),
         "config": {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "lora_rank": a.lora_rank,
                    "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "loss": a.loss,
-                   "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler},
+                   "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler,
+                   "decode_dtype": a.decode_dtype},
         "versions": {"torch": torch.__version__},
     }
     if all("prefill_seconds" in r for r in rows):

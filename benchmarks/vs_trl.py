@@ -393,6 +393,8 @@ def main(argv=None):
                    help="torch threads of every side and the bounds (default: each side's own: opct's thread "
                         "policy, TRL's torch default, bounds.py's 2)")
     p.add_argument("--no-bounds", action="store_true", help="skip benchmarks/bounds.py (no vs_bounds tables)")
+    p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="opct's decode_dtype (bfloat16: opct samples on bfloat16 weight copies; TRL stays float32)")
     p.add_argument("--trl-huge-pages", action="store_true",
                    help="give only TRL's process PyTorch's huge-page allocator (THP_MEM_ALLOC_ENABLE=1; opct's "
                         "default is off): each side at its faster setting")
@@ -401,7 +403,9 @@ def main(argv=None):
     have_opct = os.path.exists(args.opct_step)
     ranks = [args.lora_rank] + ([0] if args.full and args.lora_rank != 0 else [])
     trl_env = {"THP_MEM_ALLOC_ENABLE": "1"} if args.trl_huge_pages else {}
-    sides = ([Side("opct", args.opct_step)] if have_opct else []) + [Side("trl", TRL_STEP, env=trl_env)]
+    opct_extra = ["--decode-dtype", args.decode_dtype] if args.decode_dtype != "float32" else []
+    sides = (([Side("opct", args.opct_step, extra=opct_extra)] if have_opct else [])
+             + [Side("trl", TRL_STEP, env=trl_env)])
     if args.vllm_python:
         sides.append(Side("opct_vllm", args.opct_step, python=args.vllm_python, extra=["--sampler", "vllm"]))
     runs = {rank: {side.name: [] for side in sides} for rank in ranks}

@@ -170,18 +170,24 @@ def test_unknown_decode_matmul_is_an_error():
         decoder.configure("fast")
 
 
-def test_lora_body_is_merged_in_place_into_kept_packed_weights(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_body_is_merged_in_place_into_kept_packed_weights(tmp_path, dtype):
     """Where oneDNN packs weights as blocks of whole rows (gemm.block_rows) and every projection fills whole blocks
     (hidden 128: q 128 rows, k/v 64), a LoRA decoder writes W + s B A straight into packed buffers that are kept
     across rollouts: the next decoder reuses them once the previous one is gone, a decoder still alive keeps its
-    own, and logits follow the HF model through adapter updates."""
-    from opct.backends.cpu import gemm
+    own, and logits follow the HF model through adapter updates (to bfloat16 rounding with decode_dtype bfloat16,
+    whose buffers are bfloat16 in their own layout)."""
+    from opct.backends.cpu import decoder, gemm
 
     from conftest import make_tiny_model
 
-    if gemm.block_rows(256, 128, 3) is None:
+    torch_dtype = getattr(torch, dtype)
+    if gemm.block_rows(256, 128, 3, torch_dtype) is None:
         pytest.skip("oneDNN's packed layout here is not whole row blocks")
     model, tok = lora_model(make_tiny_model(tmp_path / "m128", hidden=128))
+    decoder.configure("onednn", dtype)
+    # fp32: rounding only; bfloat16: weights rounded to 8 bits, through two layers of this large-weight random model
+    close = lambda a, b: (a - b).abs().max() < (1e-4 if dtype == "float32" else 0.06 * a.abs().max())  # noqa: E731
     tokens = torch.tensor([[100, 200, 300], [5, 2, 9], [42, 43, 44]])
     d1 = LeanDecoder.build(model, 3)
     kept = d1.layers[0]["qkv"].packed
@@ -190,20 +196,71 @@ def test_lora_body_is_merged_in_place_into_kept_packed_weights(tmp_path):
     del d1, d2
     d3 = LeanDecoder.build(model, 3)
     assert d3.layers[0]["qkv"].packed is kept and d3.layers[1]["down"].kind == "onednn"
+    assert d3.layers[0]["qkv"].dtype == torch_dtype
     del d3
     hf, lean = hf_and_lean_logits(model, tok, tokens)
-    assert torch.allclose(hf, lean, atol=1e-4), (hf - lean).abs().max()
+    assert close(hf, lean), (hf - lean).abs().max()
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_" in n:
                 p.mul_(-1.5)  # an optimizer step on the adapter: the kept buffers are rewritten, not stale
     hf2, lean2 = hf_and_lean_logits(model, tok, tokens)
-    assert torch.allclose(hf2, lean2, atol=1e-4), (hf2 - lean2).abs().max()
-    assert (hf2 - hf).abs().max() > 1e-2
-    # the packed merged weights are W + s B A
+    assert close(hf2, lean2), (hf2 - lean2).abs().max()
+    assert (hf2 - hf).abs().max() > 4 * (hf2 - lean2).abs().max()
+    # the packed merged weights are W + s B A (rounded to bfloat16 there: the product of the rounded factors)
     dec = LeanDecoder.build(model, 3)
     a = model.get_base_model().model.layers[1].mlp
     w = torch.cat([a.gate_proj.get_delta_weight("default") + a.gate_proj.base_layer.weight,
                    a.up_proj.get_delta_weight("default") + a.up_proj.base_layer.weight])
     x = torch.randn(3, 128)
-    assert torch.allclose(dec.layers[1]["gate_up"](x), x @ w.T, atol=1e-5)
+    want = x.to(torch_dtype).float() @ w.to(torch_dtype).float().T
+    assert torch.allclose(dec.layers[1]["gate_up"](x), want, atol=1e-5 if dtype == "float32" else 0.05)
+
+
+def test_bf16_decode_follows_the_lora_model_to_bf16_rounding(tiny_model_dir):
+    """decode_dtype=bfloat16: the body (LoRA merged in fp32) and the head are rounded to bfloat16; logits stay float32
+    and follow the HF model to bfloat16 rounding, adapter included."""
+    from opct.backends.cpu import decoder
+
+    model, tok = lora_model(tiny_model_dir)
+    decoder.configure("onednn", "bfloat16")  # after lora_model, whose backend setup applies the default
+    tokens = torch.tensor([[100, 200, 300, 7], [5, 2, 9, 11], [42, 43, 44, 45]])
+    hf, lean = hf_and_lean_logits(model, tok, tokens)
+    assert lean.dtype == torch.float32
+    err = (hf - lean).abs().max()
+    assert 1e-4 < err < 0.05 * hf.abs().max(), err  # rounded (not fp32-exact), yet close
+    with model.disable_adapter():
+        hf0, _ = hf_and_lean_logits(model, tok, tokens)
+    assert (hf0 - hf).abs().max() > 5 * err  # the adapter's effect is well above the rounding
+    dec = LeanDecoder.build(model, 3)
+    assert dec.head.dtype == torch.bfloat16 and dec.layers[0]["qkv"].dtype == torch.bfloat16
+
+
+def test_bf16_decode_samples_valid_responses_and_float32_is_unchanged(tiny_model_dir):
+    """Sampling through the bfloat16 decoder is seeded and reproducible; switching back to float32 decodes exactly as
+    before (the kept float32 copies are not confused with the bfloat16 ones)."""
+    from opct.backends.cpu import decoder
+
+    model, tok = lora_model(tiny_model_dir)
+    ps = prompts(tok)
+    s = SamplingSettings(max_new_tokens=8, temperature=1.0)
+
+    def sample(seed):
+        with torch.no_grad():
+            pre = prefill(model, ps, tok.pad_token_id)
+            return decode(model, pre, s, {tok.eos_token_id}, tok.pad_token_id, torch.Generator().manual_seed(seed))
+
+    fp32 = sample(5)
+    decoder.configure("onednn", "bfloat16")
+    bf16 = [sample(5), sample(5)]
+    decoder.configure("onednn", "float32")
+    assert bf16[0] == bf16[1] and all(0 < len(r) <= 8 for r in bf16[0])
+    assert all(0 <= t < model.config.vocab_size for r in bf16[0] for t in r)
+    assert sample(5) == fp32
+
+
+def test_unknown_decode_dtype_is_an_error():
+    from opct.backends.cpu import decoder
+
+    with pytest.raises(ValueError, match="decode_dtype='float16'"):
+        decoder.configure("onednn", "float16")

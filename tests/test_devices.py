@@ -58,6 +58,23 @@ def test_run_json_records_execution_and_env_overrides(tiny_model_dir, tmp_path, 
     assert "pack_weights: false" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+def test_bfloat16_decode_trains_is_recorded_and_leaves_identical_pairs_at_zero_kl(tiny_model_dir, tmp_path):
+    """decode_dtype=bfloat16 reaches the lean decoder (set up by the cpu backend), is recorded, and changes only what
+    is sampled: the losses stay float32, so pairs whose two prompts are identical still give exactly zero KL."""
+    from opct.backends.cpu import decoder
+
+    same = [ConsistencyPair(p.teacher, p.teacher) for p in pairs()]
+    cfg = TrainConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), steps=2, prompts_per_step=2, micro_batch=2,
+                      max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, tensorboard=False, device="cpu",
+                      decode_dtype="bfloat16")
+    out = train(cfg, pairs=same, show_progress=False)
+    assert decoder.SETTINGS["dtype"] == torch.bfloat16
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["kl"] == 0.0 and r["response_tokens"] > 0 for r in rows)
+    assert json.loads((out / "run.json").read_text())["config"]["decode_dtype"] == "bfloat16"
+    assert "decode_dtype: bfloat16" in (out / "config.yaml").read_text()
+
+
 def test_import_changes_no_process_state():
     code = ("import os, json; before = dict(os.environ); "
             "import opct, opct.cli, opct.algo.opct, opct.algo.sft, opct.backends.cpu, opct.demo; "

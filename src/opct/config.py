@@ -47,7 +47,8 @@ class ExecConfig:
                        "processes leave free (env OPCT_THREADS; a fixed count makes runs bit-reproducible under any "
                        "load)", group=EXEC)
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
-    # kernels can change float rounding, which changes the sampled tokens from there on.
+    # kernels can change float rounding, which changes the sampled tokens from there on. One exception, off by
+    # default: decode_dtype=bfloat16 samples from weights rounded to bfloat16.
     cpu_gemm: str = opt("onednn", "fp32 matmuls of the forward/backward through oneDNN or torch's own kernels "
                         "(env OPCT_CPU_GEMM)", choices=["onednn", "torch"], group=CPU)
     pack_weights: bool = opt(True, "keep oneDNN-packed copies of frozen weights: faster forward, costs their memory "
@@ -56,6 +57,9 @@ class ExecConfig:
                              "merged) instead of the Hugging Face forward", group=CPU)
     decode_matmul: str = opt("onednn", "how the lean decoder packs its weights (env OPCT_DECODE_MATMUL)",
                              choices=["onednn", "mkl", "dense"], group=CPU)
+    decode_dtype: str = opt("float32", "the lean decoder's matmuls on bfloat16 copies of the (LoRA-merged) weights: "
+                            "faster sampling from a policy rounded to bfloat16 (slightly off-policy; the losses stay "
+                            "float32)", choices=["float32", "bfloat16"], group=CPU)
     short_attention: bool = opt(True, "attention as two batched matmuls at short lengths (SDPA beyond)", group=CPU)
     lora_node: bool = opt(True, "one autograd node per LoRA linear instead of PEFT's five", group=CPU)
     low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU)

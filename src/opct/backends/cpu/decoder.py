@@ -16,6 +16,11 @@ that cannot change between rollouts (the LM head; the whole body when no adapter
 copy while it is small (`gemm.kept`). The Hugging Face model stays the reference for every log-prob that enters a
 loss, and tests pin this path's logits against it.
 
+`decode_dtype` bfloat16 (off by default) keeps those packed weights as bfloat16 copies (merged in fp32, then
+rounded): decode products read half the bytes and run on the CPU's bf16 dot products, while norms, attention, the
+residual stream and the logits stay fp32. It samples from a rounded copy of the model, the one setting here that
+changes what is computed beyond float rounding order.
+
 Anything outside the supported layout (not on the CPU, other attention variants, q/k norms, sliding windows,
 adapted embeddings, DoRA and other LoRA variants) makes `LeanDecoder.build` return None, and the caller falls back
 to the Hugging Face forward.
@@ -32,14 +37,18 @@ from opct.backends.cpu import gemm
 from opct.models import unwrap
 
 SUPPORTED = {"llama", "qwen2", "mistral"}
-SETTINGS = {"matmul": "onednn"}  # set by the CPU backend's setup (`configure`)
+SETTINGS = {"matmul": "onednn", "dtype": torch.float32}  # set by the CPU backend's setup (`configure`)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def configure(matmul: str = "onednn") -> None:
-    """Process-wide: how decode steps pack their weights ("onednn", "mkl" or "dense" = plain F.linear)."""
+def configure(matmul: str = "onednn", dtype: str = "float32") -> None:
+    """Process-wide: how decode steps pack their weights ("onednn", "mkl" or "dense" = plain F.linear) and in
+    which dtype their matmuls read the weights ("float32" or "bfloat16")."""
     if matmul not in ("onednn", "mkl", "dense"):
         raise ValueError(f"decode_matmul={matmul!r}: expected onednn, mkl or dense")
-    SETTINGS["matmul"] = matmul
+    if dtype not in DTYPES:
+        raise ValueError(f"decode_dtype={dtype!r}: expected float32 or bfloat16")
+    SETTINGS.update(matmul=matmul, dtype=DTYPES[dtype])
 _ATTN_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
@@ -106,23 +115,29 @@ def unsupported_reason(model) -> str | None:
 
 def packing(w: torch.Tensor) -> str:
     """How decode packs this weight: "onednn", "mkl" or "dense" (plain F.linear). Fixed per machine and setting,
-    never timed at run time, so a resumed run samples with the same kernels as the original."""
+    never timed at run time, so a resumed run samples with the same kernels as the original. MKL's packing is
+    fp32 only: bfloat16 decode products take oneDNN or plain F.linear."""
     want = SETTINGS["matmul"]
     if w.device.type != "cpu" or w.dtype != torch.float32:
         return "dense"
     if want == "onednn" and gemm.onednn_works():
         return "onednn"
-    if want in ("onednn", "mkl") and torch.backends.mkl.is_available() and hasattr(
-            torch.ops.mkl, "_mkl_reorder_linear_weight"):
+    if want in ("onednn", "mkl") and SETTINGS["dtype"] == torch.float32 and torch.backends.mkl.is_available() \
+            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"):
         return "mkl"
     return "dense"
 
 
 class _Packed:
-    """y = x W^T + b for a fixed weight, packed for one batch size (see `packing`)."""
+    """y = x W^T + b for a fixed weight, packed for one batch size (see `packing`). With `SETTINGS["dtype"]`
+    bfloat16, the fp32 weight (LoRA merged) is rounded to bfloat16 once, here; each call rounds x to bfloat16,
+    the product accumulates in fp32 inside the kernel, and the result comes back as fp32."""
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, batch: int):
-        self.kind, self.batch, self.b = packing(w), batch, b
+        self.kind, self.batch = packing(w), batch
+        self.dtype = SETTINGS["dtype"] if w.dtype == torch.float32 else w.dtype
+        w = w.to(self.dtype)
+        self.b = None if b is None else b.to(self.dtype)
         if self.kind == "onednn":
             self.packed, self.w = torch.ops.mkldnn._reorder_linear_weight(w, batch), None
         elif self.kind == "mkl":
@@ -133,13 +148,19 @@ class _Packed:
             self.packed, self.w = None, w
 
     @classmethod
-    def onednn(cls, packed: torch.Tensor, b: torch.Tensor | None, batch: int) -> _Packed:
-        """Wrap a weight oneDNN has packed already."""
+    def onednn(cls, packed: torch.Tensor, b: torch.Tensor | None, batch: int, dtype: torch.dtype) -> _Packed:
+        """Wrap a weight oneDNN has packed already, in `dtype`."""
         self = cls.__new__(cls)
-        self.kind, self.batch, self.b, self.packed, self.w = "onednn", batch, b, packed, None
+        self.kind, self.batch, self.packed, self.w, self.dtype = "onednn", batch, packed, None, dtype
+        self.b = None if b is None else b.to(dtype)
         return self
 
     def __call__(self, x_BI: torch.Tensor) -> torch.Tensor:
+        if self.dtype != x_BI.dtype:
+            return self._call(x_BI.to(self.dtype)).to(x_BI.dtype)
+        return self._call(x_BI)
+
+    def _call(self, x_BI: torch.Tensor) -> torch.Tensor:
         if self.kind == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x_BI, self.packed, self.b, "none", [], "")
         if self.packed is None:
@@ -182,35 +203,40 @@ class _MergedBody:
     """oneDNN-packed tensors for a LoRA model's merged body, kept across rollouts (`gemm.kept`) and rewritten in
     place by each decoder built on them; `owner` is the decoder now reading them."""
 
-    def __init__(self, shapes: list[tuple[int, int]], batch: int):
-        self.packed = [torch.ops.mkldnn._reorder_linear_weight(torch.zeros(O, I), batch) for O, I in shapes]
+    def __init__(self, shapes: list[tuple[int, int]], batch: int, dtype: torch.dtype):
+        self.packed = [torch.ops.mkldnn._reorder_linear_weight(torch.zeros(O, I, dtype=dtype), batch)
+                       for O, I in shapes]
         self.owner = None
 
 
 def _merge_packed(body, groups, batch: int, owner) -> list[dict] | None:
     """The merged body's groups as oneDNN-packed weights, written straight into packed memory: each member's
-    sc (W + s B A) computed block by block in oneDNN's [O/ob][I][ob] layout (`gemm.block_rows`), from the
+    sc (W + s B A) computed block by block in oneDNN's fp32 [O/ob][I][ob] layout (`gemm.block_rows`), from the
     frozen W's packed copy that the training forward keeps (`gemm.packed_weight`) or from W itself. No dense merged
-    copy and no repacking (`_group_weight`, `_Packed`). The packed tensors are kept across rollouts and owned by one
-    decoder at a time (`owner`). None where this does not apply: decode products not through oneDNN, another
-    packed layout, a member whose rows do not fill whole blocks, the buffers still read by a live decoder, or no
-    room within `gemm.kept`'s memory budget; the caller then merges and packs afresh."""
+    copy and no repacking (`_group_weight`, `_Packed`). With decode_dtype bfloat16 each member's fp32 blocks are
+    rounded into bfloat16 buffers in their [O/ob][I/2][ob][2] layout in the same pass. The packed tensors are kept
+    across rollouts and owned by one decoder at a time (`owner`). None where this does not apply: decode products
+    not through oneDNN, another packed layout, a member whose rows do not fill whole blocks, the buffers still read
+    by a live decoder, or no room within `gemm.kept`'s memory budget; the caller then merges and packs afresh."""
     flat = [(mods, scales) for g in groups for mods, scales in g.values()]
     bases = [[_base(m) for m in mods] for mods, _ in flat]
     shapes = [(sum(b.out_features for b in bs), bs[0].in_features) for bs in bases]
+    dtype = SETTINGS["dtype"]
     if packing(bases[0][0].weight) != "onednn":
         return None
-    obs = [gemm.block_rows(O, I, batch) for O, I in shapes]
-    if any(ob is None or any(b.out_features % ob for b in bs) for ob, bs in zip(obs, bases)):
+    obs = [gemm.block_rows(O, I, batch, dtype) for O, I in shapes]
+    fp32_obs = obs if dtype == torch.float32 else [gemm.block_rows(O, I, batch) for O, I in shapes]
+    if any(ob is None or ob != ob32 or any(b.out_features % ob for b in bs)
+           for ob, ob32, bs in zip(obs, fp32_obs, bases)):
         return None
-    merged = gemm.kept(body, "decode_merged", [], lambda: _MergedBody(shapes, batch), extra=(batch, tuple(shapes)),
-                       nbytes=4 * sum(O * I for O, I in shapes))
+    merged = gemm.kept(body, "decode_merged", [], lambda: _MergedBody(shapes, batch, dtype),
+                       extra=(batch, tuple(shapes), dtype), nbytes=dtype.itemsize * sum(O * I for O, I in shapes))
     if merged is None or (merged.owner is not None and merged.owner() is not None):
         return None
     merged.owner = weakref.ref(owner)
     with torch.no_grad():
         for packed, ob, (mods, scales), bs, (O, I) in zip(merged.packed, obs, flat, bases, shapes):
-            dst_XIo = gemm.packed_blocks(packed, O, I, ob)
+            dst_XIo = gemm.packed_blocks(packed, O, I, ob, dtype)
             start = 0
             for m, base, sc in zip(mods, bs, scales):
                 n = base.out_features // ob
@@ -219,7 +245,8 @@ def _merge_packed(body, groups, batch: int, owner) -> list[dict] | None:
                     w_XIo = gemm.packed_blocks(kept_w, base.out_features, I, ob)
                 else:
                     w_XIo = base.weight.detach().view(n, ob, I).transpose(1, 2)
-                out_XIo = dst_XIo[start:start + n]
+                # bfloat16: merged in fp32 (a block of rows at a time), then rounded into the buffer's pairs.
+                out_XIo = dst_XIo[start:start + n] if dtype == torch.float32 else torch.empty(n, I, ob)
                 factors = _lora_factors(m)
                 # Block j of (B A) in this layout is A^T B_j^T, B_j the j-th ob rows of B: a batched product.
                 blocks = [(A.T.expand(n, -1, -1), Bm.view(n, ob, -1).transpose(1, 2), s) for A, Bm, s in factors]
@@ -230,9 +257,11 @@ def _merge_packed(body, groups, batch: int, owner) -> list[dict] | None:
                     torch.mul(w_XIo, sc, out=out_XIo)
                 for a, b, s in blocks[1:]:
                     out_XIo.baddbmm_(a, b, alpha=s * sc)
+                if dtype != torch.float32:
+                    dst_XIo[start:start + n].copy_(out_XIo.view(n, I // 2, 2, ob).transpose(2, 3))
                 start += n
     bias = [_group_bias(bs, scales) for bs, (_, scales) in zip(bases, flat)]
-    wrapped = iter(_Packed.onednn(p, b, batch) for p, b in zip(merged.packed, bias))
+    wrapped = iter(_Packed.onednn(p, b, batch, dtype) for p, b in zip(merged.packed, bias))
     return [{name: next(wrapped) for name in g} for g in groups]
 
 
@@ -248,7 +277,8 @@ def _kept(body, part: str, linears: list[torch.nn.Linear], batch: int, pack):
     """The copy of these weights an earlier rollout packed for `batch`, while they are unchanged (`gemm.kept`:
     frozen, and the kept copies small); otherwise pack() anew, to be freed with this decoder."""
     tensors = [t for lin in linears for t in (lin.weight, lin.bias) if t is not None]
-    packed = gemm.kept(body, "decode_" + part, tensors, pack, extra=batch)
+    nbytes = sum(t.numel() for t in tensors) * SETTINGS["dtype"].itemsize
+    packed = gemm.kept(body, "decode_" + part, tensors, pack, extra=(batch, SETTINGS["dtype"]), nbytes=nbytes)
     return pack() if packed is None else packed
 
 

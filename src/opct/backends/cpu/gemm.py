@@ -120,33 +120,47 @@ def packed_weight(lin: torch.nn.Linear, make: bool = True) -> torch.Tensor | Non
 
 
 @functools.cache
-def block_rows(out_features: int, in_features: int, rows: int) -> int | None:
-    """How oneDNN lays out an fp32 weight W_OI packed for `rows` rows (`torch.ops.mkldnn._reorder_linear_weight`),
-    when that layout is blocks of `ob` output rows stored column by column, [O/ob][I][ob], with no padding: ob
-    (64 on the AVX-512 CPUs we measured, for every row count from 2 to 256). None for any other layout, or where
-    a packed tensor's memory cannot be reached. Found once per shape by packing a matrix of row numbers and one of
-    column numbers (exact in fp32 below 2^24) and reading their memory back (`packed_blocks`)."""
+def block_rows(out_features: int, in_features: int, rows: int, dtype: torch.dtype = torch.float32) -> int | None:
+    """How oneDNN lays out a weight W_OI packed for `rows` rows (`torch.ops.mkldnn._reorder_linear_weight`), when
+    that layout is blocks of `ob` output rows with no padding: fp32 as [O/ob][I][ob] (column by column), bfloat16 as
+    [O/ob][I/2][ob][2] (pairs of columns, the layout of AVX-512 bf16 dot products). ob (64 on the AVX-512 CPUs we
+    measured, for every row count from 2 to 256). None for any other layout, or where a packed tensor's memory
+    cannot be reached. Found once per shape by packing matrices of row and column numbers (taken modulo 251 and
+    divided by 251: exact in bfloat16 too) and reading their memory back (`packed_blocks`)."""
     O, I = out_features, in_features
-    if not onednn_works() or not hasattr(torch.ops.mkldnn, "data_ptr") or max(O, I) >= 1 << 24:
+    if not onednn_works() or not hasattr(torch.ops.mkldnn, "data_ptr") or max(O, I) > 251 * 256 or I % 2:
         return None
-    rows_OI = torch.arange(O, dtype=torch.float32)[:, None].expand(O, I).contiguous()
-    cols_OI = torch.arange(I, dtype=torch.float32)[None, :].expand(O, I).contiguous()
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in (rows_OI, cols_OI)]
-    if torch.ops.mkldnn._nbytes(packed[0]) != O * I * 4:
+    r_OI = torch.arange(O, dtype=torch.float32)[:, None].expand(O, I)
+    c_OI = torch.arange(I, dtype=torch.float32)[None, :].expand(O, I)
+    probes = [w.contiguous().to(dtype) for v in (r_OI, c_OI) for w in (v.remainder(251), v.div(251).floor())]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in probes]
+    if torch.ops.mkldnn._nbytes(packed[0]) != O * I * dtype.itemsize:
         return None
     for ob in (64, 32, 16, 8):
-        if O % ob == 0 and all(torch.equal(packed_blocks(p, O, I, ob), w.view(O // ob, ob, I).transpose(1, 2))
-                               for p, w in zip(packed, (rows_OI, cols_OI))):
+        if O % ob == 0 and all(torch.equal(packed_blocks(p, O, I, ob, dtype), blocked(w, ob))
+                               for p, w in zip(packed, probes)):
             return ob
     return None
 
 
-def packed_blocks(packed: torch.Tensor, out_features: int, in_features: int, ob: int) -> torch.Tensor:
-    """The memory of a oneDNN-packed weight as a plain [O/ob][I][ob] tensor, readable and writable in place (the
-    layout `block_rows` found). It does not keep `packed` alive: the caller holds both together."""
+def blocked(w_OI: torch.Tensor, ob: int) -> torch.Tensor:
+    """W_OI as a view in `block_rows`' layout for its dtype: fp32 [O/ob][I][ob], bfloat16 [O/ob][I/2][ob][2]."""
+    O, I = w_OI.shape
+    if w_OI.dtype == torch.bfloat16:
+        return w_OI.view(O // ob, ob, I // 2, 2).permute(0, 2, 1, 3)
+    return w_OI.view(O // ob, ob, I).transpose(1, 2)
+
+
+def packed_blocks(packed: torch.Tensor, out_features: int, in_features: int, ob: int,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The memory of a oneDNN-packed weight as a plain tensor in `block_rows`' layout, readable and writable in
+    place. It does not keep `packed` alive: the caller holds both together."""
     import ctypes
 
     n = out_features * in_features
-    assert torch.ops.mkldnn._nbytes(packed) == n * 4
-    buf = (ctypes.c_float * n).from_address(torch.ops.mkldnn.data_ptr(packed))
-    return torch.frombuffer(buf, dtype=torch.float32).view(out_features // ob, in_features, ob)
+    assert torch.ops.mkldnn._nbytes(packed) == n * dtype.itemsize
+    buf = (ctypes.c_uint8 * (n * dtype.itemsize)).from_address(torch.ops.mkldnn.data_ptr(packed))
+    t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype)
+    if dtype == torch.bfloat16:
+        return t.view(out_features // ob, in_features // 2, ob, 2)
+    return t.view(out_features // ob, in_features, ob)
