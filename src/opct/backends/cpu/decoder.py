@@ -225,9 +225,7 @@ def _merge_packed(body, groups, batch: int, owner) -> list[dict] | None:
     if packing(bases[0][0].weight) != "onednn":
         return None
     obs = [gemm.block_rows(O, I, batch, dtype) for O, I in shapes]
-    fp32_obs = obs if dtype == torch.float32 else [gemm.block_rows(O, I, batch) for O, I in shapes]
-    if any(ob is None or ob != ob32 or any(b.out_features % ob for b in bs)
-           for ob, ob32, bs in zip(obs, fp32_obs, bases)):
+    if any(ob is None or any(b.out_features % ob for b in bs) for ob, bs in zip(obs, bases)):
         return None
     merged = gemm.kept(body, "decode_merged", [], lambda: _MergedBody(shapes, batch, dtype),
                        extra=(batch, tuple(shapes), dtype), nbytes=dtype.itemsize * sum(O * I for O, I in shapes))
