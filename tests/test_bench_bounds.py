@@ -113,3 +113,25 @@ def test_ratio_spread_pairs_rounds_and_brackets_the_pooled_ratio(vs_trl):
     # a failed round pairs with nothing: the rounds after it keep their own partner
     later = vs_trl.ratio_spread([{"error": "x"}, *opct], [{"steps_s": [9.0, 9.1]}, *trl[:2]])
     assert later["per_round"] == pytest.approx(spread["per_round"])
+
+
+def test_pool_vs_trl_pools_rounds_of_several_files(vs_trl, tmp_path, capsys):
+    """benchmarks/pool_vs_trl.py: the rounds of two result files side by side, through vs_trl's own bootstrap."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("pool_vs_trl", BENCH / "pool_vs_trl.py")
+    pool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pool)
+    files = []
+    for i, (o, t) in enumerate([([5.0, 5.2], [10.0, 10.2]), ([4.0, 4.2], [11.0, 11.4])]):
+        f = tmp_path / f"r{i}.json"
+        f.write_text(json.dumps({"config": {"model": "m", "batch": 8},
+                                 "configs": {"lora_r32": {"raw_runs": {"opct": [{"steps_s": o}],
+                                                                       "trl": [{"steps_s": t}]}}}}))
+        files.append(str(f))
+    pool.main(files)
+    out = json.loads(capsys.readouterr().out)
+    assert out["rounds"] == 2 and out["configs"][0]["model"] == "m"
+    pooled = vs_trl.median([5.0, 5.2, 4.0, 4.2]) / vs_trl.median([10.0, 10.2, 11.0, 11.4])
+    assert out["step_time"] == pytest.approx(pooled)
+    assert out["spread"]["per_round"] == pytest.approx([5.1 / 10.1, 4.1 / 11.2])
