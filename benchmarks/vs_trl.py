@@ -403,8 +403,7 @@ def main(argv=None):
     have_opct = os.path.exists(args.opct_step)
     ranks = [args.lora_rank] + ([0] if args.full and args.lora_rank != 0 else [])
     trl_env = {"THP_MEM_ALLOC_ENABLE": "1"} if args.trl_huge_pages else {}
-    opct_extra = ["--decode-dtype", args.decode_dtype] if args.decode_dtype != "float32" else []
-    sides = (([Side("opct", args.opct_step, extra=opct_extra)] if have_opct else [])
+    sides = (([Side("opct", args.opct_step, extra=["--decode-dtype", args.decode_dtype])] if have_opct else [])
              + [Side("trl", TRL_STEP, env=trl_env)])
     if args.vllm_python:
         sides.append(Side("opct_vllm", args.opct_step, python=args.vllm_python, extra=["--sampler", "vllm"]))

@@ -126,9 +126,12 @@ def block_rows(out_features: int, in_features: int, rows: int, dtype: torch.dtyp
     [O/ob][I/2][ob][2] (pairs of columns, the layout of AVX-512 bf16 dot products). ob (64 on the AVX-512 CPUs we
     measured, for every row count from 2 to 256). None for any other layout, or where a packed tensor's memory
     cannot be reached. Found once per shape by packing matrices of row and column numbers (taken modulo 251 and
-    divided by 251: exact in bfloat16 too) and reading their memory back (`packed_blocks`)."""
+    divided by 251, so that both parts are integers the dtype holds exactly) and reading their memory back
+    (`packed_blocks`)."""
     O, I = out_features, in_features
-    if not onednn_works() or not hasattr(torch.ops.mkldnn, "data_ptr") or max(O, I) > 251 * 256 or I % 2:
+    exact = round(2 / torch.finfo(dtype).eps)  # integers up to this are exact: 256 in bfloat16, 2^24 in fp32
+    if not onednn_works() or not hasattr(torch.ops.mkldnn, "data_ptr") or max(O, I) > 251 * exact \
+            or (dtype == torch.bfloat16 and I % 2):
         return None
     r_OI = torch.arange(O, dtype=torch.float32)[:, None].expand(O, I)
     c_OI = torch.arange(I, dtype=torch.float32)[None, :].expand(O, I)
