@@ -206,3 +206,55 @@ def test_prefill_runs_the_last_layer_in_full_only_for_the_last_position(tiny_mod
     for a, b in zip(grads, ref_grads):
         assert (a - b).norm() <= 1e-5 * b.norm()
     assert "forward" not in vars(model.get_base_model().model.layers[-1])  # the patch is undone
+
+
+def test_length_groups_minimise_padded_tokens_plus_a_cost_per_group():
+    from opct.backends.cpu.prefill import length_groups
+
+    lengths = [127, 9, 126, 12, 10, 127, 64, 4]
+    # one group costs 8 x 127 + 32 = 1048 token rows; these three cost 4x12 + 3x127 + 64 + 3 x 32 = 589
+    assert length_groups(lengths, 32) == [[7, 1, 4, 3], [6], [2, 0, 5]]
+    assert length_groups(lengths, 0) == [[7], [1], [4], [3], [6], [2], [0, 5]]  # every distinct length alone
+    assert length_groups(lengths, 10_000) == [list(range(8))]  # one group: the rows in their own order
+    assert length_groups([5, 5, 5], 0) == [[0, 1, 2]]
+
+
+def test_grouped_response_forward_equals_the_padded_one_with_gradients(tiny_model_dir):
+    """Rows run in length groups on their slices of the prompt cache: the same hidden states at every real position
+    (zeros past each response) and the same gradients into the adapter through the cache."""
+    from opct.backends.cpu.prefill import prefill, response_hidden_after_prefill
+
+    model, tok = lora_model(tiny_model_dir, std=0.1)
+    ps = prompts(tok) + [render_prompt(tok, [{"role": "user", "content": "Name three colours, please."}])]
+    rs = [[100, 200, 300, 400, 500, 2], [5, 2], [7, 8, 9, 10, 11, 12, 13, 14]]
+    params = [p for p in model.parameters() if p.requires_grad]
+    w_H = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for cost in (None, 0):
+        h_BTH = response_hidden_after_prefill(model, prefill(model, ps, tok.pad_token_id), rs, tok.pad_token_id, cost)
+        real = sum((h_BTH[i, :len(r)] @ w_H).sum() for i, r in enumerate(rs))
+        out[cost] = (h_BTH.detach(), torch.autograd.grad(real, params))
+    (padded, g_padded), (grouped, g_grouped) = out[None], out[0]
+    assert padded.shape == grouped.shape == (3, 8, model.config.hidden_size)
+    for i, r in enumerate(rs):
+        assert torch.allclose(padded[i, :len(r)], grouped[i, :len(r)], atol=1e-5)
+        assert not grouped[i, len(r):].any()
+    for a, b in zip(g_padded, g_grouped):
+        assert (a - b).norm() <= 1e-5 * a.norm()
+
+
+def test_response_logprobs_on_real_tokens_only_equal_the_padded_ones(tiny_model_dir):
+    from opct.backends.cpu.logprobs import response_logprobs
+    from opct.backends.hf import response_hidden
+
+    model, tok = lora_model(tiny_model_dir, std=0.1)
+    b = build_batch(prompts(tok), [[100, 200, 300, 2], [5, 2]], tok.pad_token_id)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = {}
+    for mask in (None, b.mask_BT):
+        logp_BT = response_logprobs(model, response_hidden(model, b), b.response_BT, mask) * b.mask_BT
+        got[mask is None] = (logp_BT.detach(), torch.autograd.grad(logp_BT.sum(), params))
+    (all_rows, g_all), (real_only, g_real) = got[True], got[False]
+    assert torch.equal(real_only[1, 2:], torch.zeros(2)) and torch.allclose(all_rows, real_only, atol=1e-6)
+    for a, c in zip(g_all, g_real):
+        assert (a - c).norm() <= 1e-5 * a.norm()

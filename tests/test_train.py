@@ -79,15 +79,32 @@ def test_grad_accumulation_equals_one_big_batch(tiny_model_dir, lora_rank, backe
 
 
 @pytest.mark.parametrize("lora_rank", [4, 0])
-def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_model_dir, lora_rank):
-    """The reference and the CPU kernels on one fixed rollout: log-probs, sampled-token loss, and its gradient."""
+def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_model_dir, lora_rank, monkeypatch):
+    """The reference and the CPU kernels on one fixed rollout: log-probs, sampled-token loss, and its gradient; the
+    CPU kernels with responses scored padded and in length groups."""
+    import importlib
+
+    import opct.backends.cpu as cpu
+    from opct.backends.cpu.prefill import length_groups
+
+    prefill_module = importlib.import_module("opct.backends.cpu.prefill")  # (the package's `prefill` is the function)
+    groups = []
+
+    def recording(*args):
+        groups.append(length_groups(*args))
+        return groups[-1]
+    monkeypatch.setattr(prefill_module, "length_groups", recording)
     out = {}
-    for backend in BACKENDS:
-        cfg = cfg_for(tiny_model_dir, "unused", lora_rank=lora_rank, backend=backend)
+    for backend, unpadded, cost in (("hf", True, 32), ("cpu", False, 32), ("cpu", True, 0)):
+        # with no cost per group, the cpu backend scores these rows in three groups, one per length
+        monkeypatch.setattr(cpu, "GROUP_COST_TOKENS", cost)
+        cfg = cfg_for(tiny_model_dir, "unused", lora_rank=lora_rank, backend=backend, unpadded_scoring=unpadded)
         policy, tok = policy_for(tiny_model_dir, backend, lora_rank, cfg)
         batch = render_pairs(tok, make_pairs(), 256, cfg.max_new_tokens)[:3]
         ps, pt = [s for s, _ in batch], [t for _, t in batch]
-        rollout = Rollout(ps, [[100, 200, 300, 2], [5, 2], [7, 8, 9, 10, 11]])
+        # the cpu backend's rollout carries its sampling prefill (under grad), as a sampled one does
+        state = prefill_module.prefill(policy.model, ps, policy.pad_id) if backend == "cpu" else None
+        rollout = Rollout(ps, [[100, 200, 300, 2], [5, 2], [7, 8, 9, 10, 11]], state=state)
         with policy.teacher() as teacher:
             t = teacher.score(pt, rollout, grad=False)
         s = policy.score(ps, rollout, grad=True)
@@ -95,12 +112,15 @@ def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_m
 
         loss, _ = sampled_token_loss(s.logp_NT, t.logp_NT, s.mask_NT)
         loss.backward()
-        out[backend] = (s.logp_NT.detach(), t.logp_NT, {n: p.grad for n, p in policy.model.named_parameters()
-                                                      if p.requires_grad})
-    (s_h, t_h, g_h), (s_c, t_c, g_c) = out["hf"], out["cpu"]
-    assert torch.allclose(s_h, s_c, atol=1e-4) and torch.allclose(t_h, t_c, atol=1e-4)
-    for n in g_h:
-        assert (g_h[n] - g_c[n]).norm() <= 1e-4 * g_h[n].norm() + 1e-6, n
+        out[backend, unpadded] = (s.logp_NT.detach(), t.logp_NT, {n: p.grad for n, p in
+                                                                 policy.model.named_parameters() if p.requires_grad})
+    assert [len(g) for g in groups] == [3, 3]  # grouped: three groups for the teacher and for the student
+    s_h, t_h, g_h = out["hf", True]
+    for key in (("cpu", False), ("cpu", True)):
+        s_c, t_c, g_c = out[key]
+        assert torch.allclose(s_h, s_c, atol=1e-4) and torch.allclose(t_h, t_c, atol=1e-4), key
+        for n in g_h:
+            assert (g_h[n] - g_c[n]).norm() <= 1e-4 * g_h[n].norm() + 1e-6, (key, n)
 
 
 # Per-step loss of a 3-step run (tiny model, LoRA r=4, fixed seed), pinned per backend: a refactor that changes
@@ -115,6 +135,12 @@ def test_pinned_losses_of_a_three_step_run(tiny_model_dir, tmp_path, backend):
     train(cfg_for(tiny_model_dir, out, steps=3, backend=backend), pairs=make_pairs(), show_progress=False)
     got = [round(r["loss"], 5) for r in metrics(out)]
     assert got == PINNED[backend], got
+
+
+def test_pinned_losses_hold_with_unpadded_scoring_off(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    train(cfg_for(tiny_model_dir, out, steps=3, unpadded_scoring=False), pairs=make_pairs(), show_progress=False)
+    assert [round(r["loss"], 5) for r in metrics(out)] == PINNED["cpu"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -110,7 +110,7 @@ class HFPolicy(Policy):
             set_grad_sync(self.replica, sync)
         with torch.set_grad_enabled(grad):
             h_NTH = self._hidden(prompts_N, rollout, b, grad)
-            logp_NT = self._logprobs(h_NTH, b.response_BT)
+            logp_NT = self._logprobs(h_NTH, b.response_BT, b.mask_BT)
         logp_NT = logp_NT * b.mask_BT
         return Scores(logp_NT, b.mask_BT, h_NTH if hidden else None, self._logits_fn() if hidden else None)
 
@@ -147,7 +147,7 @@ class HFPolicy(Policy):
             self.model.train()
         return response_hidden(self.model, batch, self.replica)
 
-    def _logprobs(self, h_NTH, tokens_NT) -> torch.Tensor:
+    def _logprobs(self, h_NTH, tokens_NT, mask_NT) -> torch.Tensor:
         return chunked_token_logprobs(lambda h: head_logits(self.model, h).float(), h_NTH, tokens_NT)
 
     def _logits_fn(self):

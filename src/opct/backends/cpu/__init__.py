@@ -10,8 +10,10 @@ Everything is applied here, once, each piece behind its own setting (`config.Exe
   norms.py      RMSNorm / SwiGLU backward passes that keep fewer activations          low_memory_norms
   prefill.py    shared-prefix prefill, last layer keys-only, scoring on a prefill     keys_only_last_layer,
                 (the student's sampling prefill reused for its scoring; the           prefill_reuse,
-                teacher's shared prompt prefix kept across steps)                     teacher_prefix_cache
-  logprobs.py   token log-probs from hidden states, streaming the vocabulary
+                teacher's shared prompt prefix kept across steps; responses           teacher_prefix_cache,
+                scored in length groups)                                              unpadded_scoring
+  logprobs.py   token log-probs from hidden states, streaming the vocabulary          (unpadded_scoring:
+                                                                                      real tokens only)
   process.py    glibc keeps freed pages (process-wide)                                keep_freed_memory
   (cli.py)      transparent huge pages, set before torch is imported                  huge_pages
 
@@ -28,12 +30,12 @@ import torch
 from opct.backends.base import Rollout
 from opct.backends.cpu import attention, decoder, gemm, lora, norms, process
 from opct.backends.cpu.logprobs import response_logprobs
-from opct.backends.cpu.prefill import decode, prefill, response_hidden_after_prefill
+from opct.backends.cpu.prefill import GROUP_COST_TOKENS, decode, prefill, response_hidden_after_prefill
 from opct.backends.hf import HFPolicy
 
 SETTINGS = ("cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype", "short_attention",
             "lora_node", "low_memory_norms", "prefill_reuse", "teacher_prefix_cache", "keys_only_last_layer",
-            "keep_freed_memory", "huge_pages")
+            "unpadded_scoring", "keep_freed_memory", "huge_pages")
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -104,7 +106,8 @@ class CPUPolicy(HFPolicy):
         else:
             assert prompts_N == rollout.prompts, "a kept prefill scores only the prompts it was sampled on"
             pre = rollout.state
-        return response_hidden_after_prefill(self.model, pre, rollout.responses, self.pad_id)
+        group_cost = GROUP_COST_TOKENS if self.cfg.unpadded_scoring else None
+        return response_hidden_after_prefill(self.model, pre, rollout.responses, self.pad_id, group_cost)
 
-    def _logprobs(self, h_NTH, tokens_NT) -> torch.Tensor:
-        return response_logprobs(self.model, h_NTH, tokens_NT)
+    def _logprobs(self, h_NTH, tokens_NT, mask_NT) -> torch.Tensor:
+        return response_logprobs(self.model, h_NTH, tokens_NT, mask_NT if self.cfg.unpadded_scoring else None)

@@ -1,7 +1,8 @@
 """Log-probs of given tokens straight from final hidden states, streaming the vocabulary (CPU backend).
 
 `response_logprobs` is what the CPU backend scores with: for a plain bias-free float32 LM head it never builds the
-N x T x V logits (`hidden_token_logprobs`); otherwise it falls back to the logits. A frozen teacher and its
+N x T x V logits (`hidden_token_logprobs`), and given the response mask it skips padded positions; otherwise it
+falls back to the logits. A frozen teacher and its
 student go through the same computation, so identical prompts give bit-identical log-probs.
 """
 
@@ -91,10 +92,17 @@ def plain_head_weight(model) -> torch.Tensor | None:
     return head.weight
 
 
-def response_logprobs(model, hidden_BTH: torch.Tensor, response_BT: torch.Tensor) -> torch.Tensor:
-    """log p(response_BT[:, t] | ...) from the hidden states that predict them: logp_BT."""
+def response_logprobs(model, hidden_BTH: torch.Tensor, response_BT: torch.Tensor,
+                      mask_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(response_BT[:, t] | ...) from the hidden states that predict them: logp_BT. With `mask_BT` (1 on real
+    tokens), the head runs on the real tokens only and padded positions get 0."""
     w_VH = plain_head_weight(model)
     if w_VH is None:
         return token_logprobs(head_logits(model, hidden_BTH).float(), response_BT)
     B, T, H = hidden_BTH.shape
-    return hidden_token_logprobs(hidden_BTH.reshape(B * T, H), w_VH, response_BT.reshape(B * T)).view(B, T)
+    h_NH, tok_N = hidden_BTH.reshape(B * T, H), response_BT.reshape(B * T)
+    if mask_BT is None or bool(mask_BT.all()):
+        return hidden_token_logprobs(h_NH, w_VH, tok_N).view(B, T)
+    real_N = mask_BT.reshape(B * T).nonzero().squeeze(1)
+    logp_N = hidden_token_logprobs(h_NH.index_select(0, real_N), w_VH, tok_N.index_select(0, real_N))
+    return logp_N.new_zeros(B * T).index_copy(0, real_N, logp_N).view(B, T)

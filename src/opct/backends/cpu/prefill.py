@@ -5,7 +5,8 @@
 the last position. `decode` samples from a prefill through the lean decoder. `response_hidden_after_prefill`
 scores a rollout's tokens on top of a prefill's cache: when the prefill ran under grad (the student's sampling
 prefill), gradients flow back into the prompt positions exactly as in one full forward, so the student's scoring
-need not run the prompts again.
+need not run the prompts again; rows can run in groups of similar response length (`length_groups`), so that a
+short response is not padded to the longest.
 """
 
 from __future__ import annotations
@@ -160,10 +161,64 @@ def decode(model, pre: Prefill, settings: SamplingSettings, eos_ids: set[int], p
     return decode_loop(head_logits(model, last_BH), hf_step, settings, eos_ids, pad_id, generator)
 
 
-def response_hidden_after_prefill(model, pre: Prefill, responses: list[list[int]], pad_id: int) -> torch.Tensor:
+# A forward pass over a group of rows costs about this many token rows on top of its tokens (reading every weight
+# once more forward and backward, and ~20 small ops a layer): `length_groups` splits rows only where that pays.
+GROUP_COST_TOKENS = 32
+
+
+def length_groups(lengths: list[int], group_cost: float = GROUP_COST_TOKENS) -> list[list[int]]:
+    """Rows split into groups of similar length, each group to be run padded only to its own longest row: the
+    partition of the rows sorted by length that minimises sum(rows x longest) + group_cost per group (exact, by
+    dynamic programming over the B+1 split points). Returns row indices, shortest group first; a single group is
+    [0..B-1] in the original order."""
+    B = len(lengths)
+    order = sorted(range(B), key=lambda i: lengths[i])
+    L = [lengths[i] for i in order]
+    best, cut = [0.0] + [float("inf")] * B, [0] * (B + 1)
+    for j in range(1, B + 1):  # best[j]: the first j sorted rows, the last group ending at row j-1
+        for i in range(j):
+            c = best[i] + (j - i) * L[j - 1] + group_cost
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    bounds, j = [], B
+    while j > 0:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    if len(bounds) <= 1:
+        return [list(range(B))]
+    return [order[i:j] for i, j in reversed(bounds)]
+
+
+def response_hidden_after_prefill(model, pre: Prefill, responses: list[list[int]], pad_id: int,
+                                  group_cost: float | None = None) -> torch.Tensor:
     """The same hidden_BTH as `hf.response_hidden(model, build_batch(prompts, responses))`, computed by running only
     the response tokens on top of a prefill's KV cache. When the prefill ran under grad, gradients flow back
-    through the cached keys/values into the prompt positions, exactly as in one full forward."""
+    through the cached keys/values into the prompt positions, exactly as in one full forward.
+
+    `group_cost` (None: one padded batch): run the rows in `length_groups`, each on its rows of the prompt cache and
+    padded only to its own longest response, so that short responses do not pay for the longest one's length.
+    Positions past a row's response hold zeros instead of the padded computation's values; every row's real
+    positions are the same computation (up to float rounding). The prefill's own cache is then left unchanged."""
+    groups = [list(range(len(responses)))] if group_cost is None else \
+        length_groups([max(len(r) - 1, 0) for r in responses], group_cost)
+    if len(groups) == 1:
+        return _response_hidden(model, pre, responses, pad_id)
+    T = max(1, max(len(r) for r in responses))
+    parts_BTH, order = [], []
+    for g in groups:
+        idx = torch.tensor(g)
+        cache = DynamicCache(ddp_cache_data=[(lay.keys[idx], lay.values[idx]) for lay in pre.cache.layers])
+        sub = Prefill(cache, pre.last_hidden_BH[idx], pre.mask_BL[idx], pre.last_pos_B[idx])
+        h_gTH = _response_hidden(model, sub, [responses[i] for i in g], pad_id)
+        parts_BTH.append(torch.nn.functional.pad(h_gTH, (0, 0, 0, T - h_gTH.shape[1])))
+        order += g
+    back_B = torch.empty(len(order), dtype=torch.long)
+    back_B[torch.tensor(order)] = torch.arange(len(order))  # row i of the output is row back_B[i] of the groups
+    return torch.cat(parts_BTH).index_select(0, back_B)
+
+
+def _response_hidden(model, pre: Prefill, responses: list[list[int]], pad_id: int) -> torch.Tensor:
+    """hidden_BTH of the responses, right-padded to the longest, run on (and appended to) the prefill's cache."""
     resp_BT, rmask_BT = right_pad(responses, pad_id)
     T = resp_BT.shape[1]
     first_B1H = pre.last_hidden_BH[:, None]
