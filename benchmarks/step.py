@@ -45,11 +45,11 @@ def children_peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def workload_pairs(model: str, n: int, prompt_tokens: int | None):
+def workload_pairs(model: str, n: int, prompt_tokens: int | None, seed: int = 0):
     """`n` consistency pairs of the benchmark workload (`common.workload_prompts`) and its prompt info."""
     from opct.data.pairs import ConsistencyPair
 
-    items, info = workload_prompts(n, prompt_tokens=prompt_tokens, model=model)
+    items, info = workload_prompts(n, seed=seed, prompt_tokens=prompt_tokens, model=model)
     return [ConsistencyPair(it["student"], teacher_messages(it)) for it in items], info
 
 
@@ -82,6 +82,8 @@ def main() -> None:
                    help="the cpu backend's decode_dtype (bfloat16: sampling on bfloat16 weight copies)")
     p.add_argument("--sampler", default="policy", choices=["policy", "vllm"],
                    help="who samples: the training backend, or an in-process vLLM engine (needs vllm installed)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="picks the workload's prompts and seeds the run (as trl_step.py's --seed does TRL's)")
     a = p.parse_args()
 
     import torch
@@ -90,11 +92,11 @@ def main() -> None:
     from opct.data.io import read_jsonl
 
     n_steps = a.warmup + a.steps
-    pairs, prompt_info = workload_pairs(a.model, a.batch * n_steps, a.prompt_tokens)
+    pairs, prompt_info = workload_pairs(a.model, a.batch * n_steps, a.prompt_tokens, a.seed)
     with tempfile.TemporaryDirectory() as d:
         cfg = step_config(os.path.join(d, "run"), a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank,
                           loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
-                          decode_dtype=a.decode_dtype)
+                          decode_dtype=a.decode_dtype, seed=a.seed)
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0
@@ -129,7 +131,7 @@ def main() -> None:
         "config": {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "lora_rank": a.lora_rank,
                    "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "loss": a.loss,
                    "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler,
-                   "decode_dtype": a.decode_dtype},
+                   "decode_dtype": a.decode_dtype, "seed": a.seed},
         "versions": {"torch": torch.__version__},
     }
     if all("prefill_seconds" in r for r in rows):

@@ -2,7 +2,7 @@
 
     pip install -e '.[bench]'
     python benchmarks/vs_trl.py --model /tmp/smol --rounds 2 --steps 5 --warmup 1 [--full] [--out vs_trl.json]
-        [--prompt-tokens N] [--vllm-python /path/to/vllm-venv/bin/python] [--contention]
+        [--prompt-tokens N] [--vllm-python /path/to/vllm-venv/bin/python] [--contention] [--vary-seed]
 
 Each round runs `benchmarks/step.py` (opct) and `benchmarks/trl_step.py` (TRL), each in its own
 subprocess so each side's peak RSS is its own, alternating (and swapping who goes first every round) so
@@ -12,7 +12,10 @@ round also runs both sides as full fine-tunes (`--lora-rank 0`). If step.py is m
 
 Workload: `--model`, `--batch`, `--max-new-tokens`, and `--prompt-tokens N` (default: the ~70-token
 `common.bench_prompts`; with N: jailbreak-wrapped behaviours of about N tokens with the model's tokenizer,
-`common.length_prompts`). Every side gets the same flags, so the same prompts.
+`common.length_prompts`). Every side gets the same flags, so the same prompts. By default every round runs
+seed 0, so every round samples the same responses on each side, and a step's cost moves with how long the sampled
+responses ran (the two sides draw from the same distribution with different random streams). `--vary-seed` runs
+round r with `--seed r` on both sides (round r's prompts and samples), so the pooled ratio averages over draws.
 
 `--vllm-python PATH` adds a third side, `opct_vllm`: step.py run by that interpreter (one with vllm installed)
 with `--sampler vllm`, in the same rotation (the order of the three reverses every round), pooled like the others
@@ -393,6 +396,9 @@ def main(argv=None):
                    help="torch threads of every side and the bounds (default: each side's own: opct's thread "
                         "policy, TRL's torch default, bounds.py's 2)")
     p.add_argument("--no-bounds", action="store_true", help="skip benchmarks/bounds.py (no vs_bounds tables)")
+    p.add_argument("--vary-seed", action="store_true",
+                   help="round r runs both sides with --seed r (other prompts, other samples) instead of seed 0 in "
+                        "every round, so the pooled ratio averages over sampled response lengths")
     p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="opct's decode_dtype (bfloat16: opct samples on bfloat16 weight copies; TRL stays float32)")
     p.add_argument("--trl-huge-pages", action="store_true",
@@ -413,6 +419,7 @@ def main(argv=None):
             flags = ["--model", args.model, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
                      "--lora-rank", str(rank), "--steps", str(args.steps), "--warmup", str(args.warmup)]
             flags += workload_flags(args.prompt_tokens)
+            flags += ["--seed", str(r)] if args.vary_seed else []
             # Swap who goes first every round, so neither side always runs on a just-warmed (or tired) machine.
             for side in sides if r % 2 == 0 else sides[::-1]:
                 print(f"[vs_trl] round {r + 1}/{args.rounds} lora_rank={rank} {side.name} ...", file=sys.stderr,

@@ -196,3 +196,21 @@ def test_prompt_summary_folds_wrapper_lists(mods):
     info = {"kind": "multi-turn", "band": [1, 2], "wrappers": [["b", "a"], ["a"], ["c"]]}
     assert mods["common"].prompt_summary(info) == {"kind": "multi-turn", "band": [1, 2], "wrappers_used": ["a", "b", "c"]}
     assert mods["common"].prompt_summary({"kind": "bench_prompts"}) == {"kind": "bench_prompts"}
+
+
+@pytest.mark.parametrize("vary", [False, True])
+def test_vary_seed_gives_both_sides_the_rounds_seed(mods, tmp_path, monkeypatch, vary):
+    vs = mods["vs_trl"]
+    calls = []
+
+    def fake_run_side(side, flags, contention=False, threads=None):
+        calls.append((side.name, flags))
+        return {"steps_s": [1.0], "peak_rss_mb": 1.0, "phases_s": {}}
+
+    monkeypatch.setattr(vs, "run_side", fake_run_side)
+    monkeypatch.setattr(vs.os.path, "exists", lambda p: True)
+    vs.main(["--rounds", "3", "--no-bounds", "--out", str(tmp_path / "s.json")] + (["--vary-seed"] if vary else []))
+    seeds = [(name, flags[flags.index("--seed") + 1] if "--seed" in flags else None) for name, flags in calls]
+    want = [str(r) if vary else None for r in range(3) for _ in range(2)]
+    assert [s for _, s in seeds] == want and {n for n, _ in seeds} == {"opct", "trl"}
+    assert json.loads((tmp_path / "s.json").read_text())["config"]["vary_seed"] is vary

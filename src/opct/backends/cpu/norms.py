@@ -29,7 +29,7 @@ class RMSNormFn(torch.autograd.Function):
     def forward(ctx, x_NC, w_C, eps):
         r_N1 = torch.rsqrt(x_NC.pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x_NC, w_C, r_N1)
-        return w_C * (x_NC * r_N1)
+        return (x_NC * r_N1).mul_(w_C)  # = w * (x r) bit for bit (products commute), in one buffer
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -49,7 +49,8 @@ class SiLUMulFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g, u):
         ctx.save_for_backward(g, u)
-        return F.silu(g) * u
+        # In place on silu(g): one activation-sized buffer instead of two (g and u stay kept for the backward).
+        return F.silu(g).mul_(u)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
