@@ -2,8 +2,8 @@
 
 `response_logprobs` is what the CPU backend scores with: for a plain bias-free float32 LM head it never builds the
 N x T x V logits (`hidden_token_logprobs`), and given the response mask it skips padded positions; otherwise it
-falls back to the logits. A frozen teacher and its
-student go through the same computation, so identical prompts give bit-identical log-probs.
+falls back to the logits. A frozen teacher and its student go through the same computation, so identical prompts
+give bit-identical log-probs.
 """
 
 from __future__ import annotations
