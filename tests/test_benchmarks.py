@@ -208,8 +208,10 @@ def test_vary_seed_gives_both_sides_the_rounds_seed(mods, tmp_path, monkeypatch,
         return {"steps_s": [1.0], "peak_rss_mb": 1.0, "phases_s": {}}
 
     monkeypatch.setattr(vs, "run_side", fake_run_side)
-    monkeypatch.setattr(vs.os.path, "exists", lambda p: True)
-    vs.main(["--rounds", "3", "--no-bounds", "--out", str(tmp_path / "s.json")] + (["--vary-seed"] if vary else []))
+    step = tmp_path / "step.py"
+    step.write_text("")  # the opct side's script only has to exist: run_side is replaced
+    vs.main(["--rounds", "3", "--no-bounds", "--opct-step", str(step), "--out", str(tmp_path / "s.json")]
+            + (["--vary-seed"] if vary else []))
     seeds = [(name, flags[flags.index("--seed") + 1] if "--seed" in flags else None) for name, flags in calls]
     want = [str(r) if vary else None for r in range(3) for _ in range(2)]
     assert [s for _, s in seeds] == want and {n for n, _ in seeds} == {"opct", "trl"}

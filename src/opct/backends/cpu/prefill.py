@@ -199,9 +199,8 @@ def response_hidden_after_prefill(model, pre: Prefill, responses: list[list[int]
     padded only to its own longest response, so that short responses do not pay for the longest one's length.
     Positions past a row's response hold zeros instead of the padded computation's values; every row's real
     positions are the same computation (up to float rounding). The prefill's own cache is then left unchanged."""
-    groups = [list(range(len(responses)))] if group_cost is None else \
-        length_groups([max(len(r) - 1, 0) for r in responses], group_cost)
-    if len(groups) == 1:
+    groups = None if group_cost is None else length_groups([max(len(r) - 1, 0) for r in responses], group_cost)
+    if groups is None or len(groups) == 1:
         return _response_hidden(model, pre, responses, pad_id)
     T = max(1, max(len(r) for r in responses))
     parts_BTH, order = [], []
@@ -212,9 +211,8 @@ def response_hidden_after_prefill(model, pre: Prefill, responses: list[list[int]
         h_gTH = _response_hidden(model, sub, [responses[i] for i in g], pad_id)
         parts_BTH.append(torch.nn.functional.pad(h_gTH, (0, 0, 0, T - h_gTH.shape[1])))
         order += g
-    back_B = torch.empty(len(order), dtype=torch.long)
-    back_B[torch.tensor(order)] = torch.arange(len(order))  # row i of the output is row back_B[i] of the groups
-    return torch.cat(parts_BTH).index_select(0, back_B)
+    # Row i of the output is the groups' row argsort(order)[i]: the inverse of the permutation `order`.
+    return torch.cat(parts_BTH).index_select(0, torch.tensor(order).argsort())
 
 
 def _response_hidden(model, pre: Prefill, responses: list[list[int]], pad_id: int) -> torch.Tensor:
