@@ -14,8 +14,11 @@ cell to the next. Sides: `opct`, `trl`, and `opct_vllm` (step.py --sampler vllm 
 Resuming: after every side's run the JSON file `--out` is rewritten (atomically), and a later call with the same
 file skips every (cell, side) that already has a result without an error, so a long grid that was interrupted
 picks up where it stopped, and `--cells` runs a subset (or adds cells to an existing file). The file's
-configuration (model, batch, LoRA rank, steps, warmup, threads, contention) must match the call's: cells measured
-under different settings are not mixed.
+configuration (model, batch, LoRA rank, steps, warmup, threads, contention, huge pages) must match the call's: cells
+measured under different settings are not mixed. `--rerun opct` measures a side again in the chosen cells even
+where it has a result (after a change to that side's code, the other side's runs kept), except where that result
+was measured at the current commit (so an interrupted rerun resumes too); the run it replaces moves to the cell's
+`replaced` list. Every run records when it was measured and at which commit (`measured`).
 
 Output: per cell and side the median step seconds, phase split (sample / teacher / student / optim, and decode),
 peak RSS, `decode_s_per_token`, the measured token counts, and the ratio opct / TRL (step time, peak RSS); a
@@ -33,9 +36,11 @@ contexts, caches that no longer fit).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -126,11 +131,45 @@ def shared(run: dict, contention) -> bool:
     return not contention and (run.get("others_busy_cores") or 0.0) > SHARED_CORES
 
 
-def pending_sides(results: dict, cell: tuple[int, int], sides: list[str]) -> list[str]:
-    """The sides of `cell` still to run: those with no result, an error, or a result measured on a shared CPU."""
+def pending_sides(results: dict, cell: tuple[int, int], sides: list[str], rerun: tuple[str, ...] = (),
+                  commit: str | None = None) -> list[str]:
+    """The sides of `cell` still to run: those with no result, an error, or a result measured on a shared CPU, and
+    every side in `rerun` whose result was not measured at `commit` (a clean work tree at that commit), so that an
+    interrupted rerun resumes too."""
     runs = results["cells"].get(cell_key(*cell), {}).get("runs", {})
     contention = results["config"].get("contention")
-    return [s for s in sides if s not in runs or "error" in runs[s] or shared(runs[s], contention)]
+
+    def stale(run):
+        m = run.get("measured") or {}
+        return commit is None or m.get("commit") != commit or m.get("dirty", True)
+    return [s for s in sides if s not in runs or "error" in runs[s] or shared(runs[s], contention)
+            or (s in rerun and stale(runs[s]))]
+
+
+def measured_stamp() -> dict:
+    """When and at which commit a run was measured, and whether the code (src/ and benchmarks/, results aside) had
+    uncommitted changes."""
+    stamp = {"utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    try:
+        git = ["git", "-C", HERE]
+        stamp["commit"] = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                         check=True).stdout.strip()
+        code = [":(top)src", ":(top)benchmarks", ":(top,exclude)benchmarks/results"]
+        stamp["dirty"] = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", *code],
+                                             capture_output=True, text=True, check=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        pass  # not a git checkout: the time alone
+    return stamp
+
+
+def record_run(entry: dict, side: str, run: dict) -> None:
+    """Store `run` as the cell's result for `side`; a result it replaces (a rerun, or a failed or shared run) is
+    kept, summarised, in entry["replaced"]."""
+    old = entry["runs"].get(side)
+    if old is not None:
+        entry.setdefault("replaced", []).append({"side": side, "measured": old.get("measured"), **side_summary(old)})
+    entry["runs"][side] = run
+    summarise_cell(entry)
 
 
 def side_summary(run: dict) -> dict:
@@ -252,6 +291,9 @@ def main(argv=None):
     p.add_argument("--new-tokens", default="32,128,512", help="comma-separated max_new_tokens values")
     p.add_argument("--cells", help="run only these cells, e.g. 400x128,1600x128 (default: the whole grid)")
     p.add_argument("--sides", default="opct,trl", help=f"comma-separated, of {', '.join(SIDES)}")
+    p.add_argument("--rerun", default="", metavar="SIDES",
+                   help="comma-separated sides to measure again in the chosen cells where their result was measured at "
+                        "another commit (the replaced runs are kept under each cell's `replaced`)")
     p.add_argument("--vllm-python", metavar="PATH", help="interpreter for the opct_vllm side (vllm installed)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lora-rank", type=int, default=32)
@@ -268,6 +310,9 @@ def main(argv=None):
         unknown = [s for s in sides if s not in SIDES]
         if unknown or not sides:
             raise GridError(f"--sides {args.sides!r}: unknown {unknown}; known: {', '.join(SIDES)}")
+        rerun = tuple(s.strip() for s in args.rerun.split(",") if s.strip())
+        if any(s not in sides for s in rerun):
+            raise GridError(f"--rerun {args.rerun!r}: every side to rerun must be one of --sides {args.sides!r}")
         if "opct_vllm" in sides and not args.vllm_python:
             raise GridError("--sides opct_vllm needs --vllm-python PATH")
         cells = parse_cells(args.cells) if args.cells else grid_cells(
@@ -283,11 +328,12 @@ def main(argv=None):
     if args.contention:
         results["contention"] = BusyLoop(new_session=args.contention != "same").describe()
 
+    commit = measured_stamp().get("commit") if rerun else None
     scripts = {"opct": Side("opct", OPCT_STEP), "trl": Side("trl", TRL_STEP),
                "opct_vllm": Side("opct_vllm", OPCT_STEP, python=args.vllm_python, extra=["--sampler", "vllm"])}
     for i, cell in enumerate(cells):
         key = cell_key(*cell)
-        todo = pending_sides(results, cell, sides)
+        todo = pending_sides(results, cell, sides, rerun, commit)
         if not todo:
             print(f"[cost_growth] {key}: done before, skipped", file=sys.stderr, flush=True)
             continue
@@ -299,9 +345,9 @@ def main(argv=None):
             t0 = time.perf_counter()
             run = run_side(scripts[side], flags, args.contention, args.threads)
             run.pop("steps_phases_s", None)  # TRL's per-step split: large, and the median split is kept
+            run["measured"] = measured_stamp()
             entry = results["cells"].setdefault(key, {"prompt_tokens": cell[0], "new_tokens": cell[1], "runs": {}})
-            entry["runs"][side] = run
-            summarise_cell(entry)
+            record_run(entry, side, run)
             results["growth"] = growth(results, results["config"]["sides"])
             save_results(args.out, results)
             print(f"[cost_growth]   median_step_s={run.get('median_step_s')} peak_rss_mb={run.get('peak_rss_mb')} "

@@ -134,6 +134,30 @@ def test_resume_skips_finished_sides_and_checks_config(mods, tmp_path):
         cg.load_results(str(tmp_path / "bad.json"), config)
 
 
+def test_rerun_measures_a_side_again_unless_measured_at_this_commit(mods):
+    cg = mods["cost_growth"]
+    results = cg.new_results({"model": "m"})
+    entry = {"prompt_tokens": 400, "new_tokens": 128, "runs": {}}
+    results["cells"]["400x128"] = entry
+    old = {**run(4.0, 900, 3200, 128), "measured": {"utc": "then", "commit": "aaa1111", "dirty": False}}
+    cg.record_run(entry, "opct", old)
+    cg.record_run(entry, "trl", run(8.0, 1000, 3200, 128))
+    assert cg.pending_sides(results, (400, 128), ["opct", "trl"]) == []
+    assert cg.pending_sides(results, (400, 128), ["opct", "trl"], ("opct",), "bbb2222") == ["opct"]
+    assert cg.pending_sides(results, (400, 128), ["opct", "trl"], ("opct",), "aaa1111") == []  # resumed rerun
+    entry["runs"]["opct"]["measured"]["dirty"] = True  # measured with uncommitted changes: not this commit's code
+    assert cg.pending_sides(results, (400, 128), ["opct", "trl"], ("opct",), "aaa1111") == ["opct"]
+
+    cg.record_run(entry, "opct", {**run(3.0, 800, 3200, 128), "measured": {"commit": "bbb2222", "dirty": False}})
+    assert entry["summary"]["opct"]["median_step_s"] == 3.0 and entry["summary"]["trl"]["median_step_s"] == 8.0
+    assert entry["ratio"]["opct"]["step_time"] == pytest.approx(3.0 / 8.0)
+    (replaced,) = entry["replaced"]
+    assert replaced["side"] == "opct" and replaced["median_step_s"] == 4.0
+    assert replaced["measured"]["commit"] == "aaa1111"
+    stamp = cg.measured_stamp()
+    assert stamp["utc"].endswith("Z") and set(stamp) <= {"utc", "commit", "dirty"}
+
+
 def test_growth_exponents_and_superlinear_flag(mods):
     cg = mods["cost_growth"]
     results = cg.new_results({"model": "m"})
