@@ -18,6 +18,7 @@ is TRL's default `teacher_prompt_template` "{prompt}\n\n{privileged_context}" an
 
 from __future__ import annotations
 
+import os
 import random
 import resource
 import sys
@@ -219,6 +220,32 @@ def teacher_messages(item: dict) -> list[dict]:
     (TRL's default teacher_prompt_template "{prompt}\n\n{privileged_context}")."""
     student = item["student"]
     return student[:-1] + [{"role": "user", "content": student[-1]["content"] + "\n\n" + item["privileged_context"]}]
+
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "asimd", "sve")
+
+
+def machine() -> dict:
+    """The CPU a benchmark ran on (model name, logical cores, the vector/matrix extensions its matmuls can use) and
+    the memory: timings from different machines are not comparable, so every result records it."""
+    info = {"cpu": None, "cores": os.cpu_count(), "isa": []}
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            if key in ("model name", "hardware") and info["cpu"] is None:
+                info["cpu"] = value.strip()
+            elif key in ("flags", "features"):
+                flags = set(value.split())
+                info["isa"] = [f for f in ISA_FLAGS if f in flags]
+        with open("/proc/meminfo") as f:
+            kb = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])
+        info["mem_gb"] = round(kb / 1024 ** 2, 1)
+    except (OSError, ValueError, StopIteration):
+        pass  # not Linux: the core count alone
+    return info
 
 
 def peak_rss_mb() -> float:

@@ -46,6 +46,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from common import machine  # noqa: E402
 from vs_trl import OPCT_STEP, TRL_STEP, BusyLoop, Side, huge_pages_env, run_side  # noqa: E402
 
 SIDES = ("opct", "trl", "opct_vllm")
@@ -111,6 +112,13 @@ def load_results(path: str, config: dict) -> dict:
     if not isinstance(results, dict) or not isinstance(results.get("cells"), dict):
         raise GridError(f"{path}: field 'cells' missing: not a cost_growth.py results file")
     old = results.get("config", {})
+    here, there = config.get("machine", {}).get("cpu"), old.get("machine", {}).get("cpu")
+    if there is None:
+        print(f"cost_growth.py: warning: {path} does not say which CPU its cells ran on (older file): its timings are "
+              "comparable with this machine's only if it was this one", file=sys.stderr)
+    elif here != there or config["machine"].get("cores") != old["machine"].get("cores"):
+        raise GridError(f"{path}: field 'config.machine' is {old['machine']!r}, this machine is {config['machine']!r}; "
+                        "timings from another machine are not mixed: use another --out")
     for key in MATCH_KEYS:
         if old.get(key) != config.get(key):
             raise GridError(f"{path}: field 'config.{key}' is {old.get(key)!r}, this call has {config.get(key)!r}; "
@@ -320,7 +328,7 @@ def main(argv=None):
         config = {"model": args.model, "batch": args.batch, "lora_rank": args.lora_rank, "steps": args.steps,
                   "warmup": args.warmup, "threads": args.threads, "contention": args.contention,
                   # PyTorch's huge-page allocator setting, as both sides' processes get it (from this environment)
-                  "huge_pages": huge_pages_env()}
+                  "huge_pages": huge_pages_env(), "machine": machine()}
         results = load_results(args.out, config)
     except GridError as e:
         sys.exit(f"cost_growth.py: {e}")

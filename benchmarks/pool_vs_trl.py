@@ -4,7 +4,8 @@ two-level bootstrap over rounds and steps that each file's `ratio.step_time_spre
   python benchmarks/pool_vs_trl.py benchmarks/results/vs_trl-A.json benchmarks/results/vs_trl-B.json [--config lora_r32]
 
 Prints one JSON object: the pooled ratio (median of all opct steps over median of all TRL steps), its interval,
-the per-round ratios and the files' configs (so that mixing different workloads shows).
+the per-round ratios and the files' configs and machines (so that mixing different workloads shows). Files that
+record different CPUs are refused: a ratio pooled across machines means nothing.
 """
 
 from __future__ import annotations
@@ -25,17 +26,20 @@ def main(argv=None) -> None:
     p.add_argument("files", nargs="+")
     p.add_argument("--config", default="lora_r32", help="which compared configuration of each file")
     a = p.parse_args(argv)
-    opct, trl, configs = [], [], []
+    opct, trl, configs, cpus = [], [], [], set()
     for f in a.files:
         r = json.loads(Path(f).read_text())
+        cpus.add((r.get("machine") or {}).get("cpu"))
         raw = r["configs"][a.config]["raw_runs"]
         opct += raw["opct"]
         trl += raw["trl"]
         configs.append({k: r["config"].get(k) for k in ("model", "batch", "max_new_tokens", "prompt_tokens",
                                                           "steps", "warmup", "huge_pages", "trl_huge_pages",
                                                           "decode_dtype")})
+    if len(cpus - {None}) > 1:
+        sys.exit(f"pool_vs_trl.py: the files ran on different CPUs ({sorted(cpus - {None})}); not pooled")
     steps = lambda runs: [s for run in runs if "error" not in run for s in run["steps_s"]]  # noqa: E731
-    print(json.dumps({"files": a.files, "configs": configs, "rounds": len(opct),
+    print(json.dumps({"files": a.files, "configs": configs, "cpus": sorted(cpus, key=str), "rounds": len(opct),
                       "step_time": median(steps(opct)) / median(steps(trl)),
                       "spread": ratio_spread(opct, trl)}, indent=1))
 

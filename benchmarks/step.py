@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import peak_rss_mb, prompt_summary, teacher_messages, workload_prompts  # noqa: E402
+from common import machine, peak_rss_mb, prompt_summary, teacher_messages, workload_prompts  # noqa: E402
 
 
 def children_peak_rss_mb() -> float:
@@ -133,6 +133,7 @@ def main() -> None:
                    "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler,
                    "decode_dtype": a.decode_dtype, "seed": a.seed},
         "versions": {"torch": torch.__version__},
+        "machine": machine(),
     }
     if all("prefill_seconds" in r for r in rows):
         result["prefill_s"] = med("prefill_seconds")

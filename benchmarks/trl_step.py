@@ -47,7 +47,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import median, peak_rss_mb, prompt_summary, workload_prompts  # noqa: E402
+from common import machine, median, peak_rss_mb, prompt_summary, workload_prompts  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -242,6 +242,7 @@ def main(argv=None):
         "versions": {"trl": trl.__version__, "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__,
                      "peft": __import__("peft").__version__, "python": sys.version.split()[0]},
+        "machine": machine(),
     }
     print(json.dumps(result))
 

@@ -71,7 +71,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import median  # noqa: E402
+from common import machine, median  # noqa: E402
 
 from opct.threads import cpu_busy_seconds  # noqa: E402  (all cores' busy seconds, /proc/stat; no torch)
 
@@ -440,7 +440,7 @@ def main(argv=None):
                                    "--batch", str(args.batch)]
                           + (["--threads", str(args.threads)] if args.threads else []), threads=args.threads)
 
-    summary = {"config": {**vars(args), "huge_pages": huge_pages_env()},
+    summary = {"config": {**vars(args), "huge_pages": huge_pages_env()}, "machine": machine(),
                "bounds": bounds, "configs": {}, "notes": [],
                "contention": (BusyLoop(new_session=args.contention != "same").describe() if args.contention
                               else {"on": False})}

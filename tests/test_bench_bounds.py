@@ -135,3 +135,9 @@ def test_pool_vs_trl_pools_rounds_of_several_files(vs_trl, tmp_path, capsys):
     pooled = vs_trl.median([5.0, 5.2, 4.0, 4.2]) / vs_trl.median([10.0, 10.2, 11.0, 11.4])
     assert out["step_time"] == pytest.approx(pooled)
     assert out["spread"]["per_round"] == pytest.approx([5.1 / 10.1, 4.1 / 11.2])
+    # files that ran on different CPUs are not pooled
+    for i, cpu in enumerate(["CPU A", "CPU B"]):
+        r = json.loads((tmp_path / f"r{i}.json").read_text())
+        (tmp_path / f"r{i}.json").write_text(json.dumps({**r, "machine": {"cpu": cpu, "cores": 2}}))
+    with pytest.raises(SystemExit, match="different CPUs"):
+        pool.main(files)

@@ -134,6 +134,24 @@ def test_resume_skips_finished_sides_and_checks_config(mods, tmp_path):
         cg.load_results(str(tmp_path / "bad.json"), config)
 
 
+def test_results_record_the_machine_and_are_not_mixed_across_machines(mods, tmp_path, capsys):
+    cg, common = mods["cost_growth"], mods["common"]
+    here = common.machine()
+    assert here["cores"] >= 1 and isinstance(here["isa"], list) and set(here["isa"]) <= set(common.ISA_FLAGS)
+    if sys.platform.startswith("linux"):
+        assert here["cpu"] and here["mem_gb"] > 0
+    config = {"model": "m", "batch": 8, "lora_rank": 32, "steps": 2, "warmup": 1, "threads": None, "contention": None,
+              "huge_pages": False}
+    path = str(tmp_path / "grid.json")
+    cg.save_results(path, cg.new_results({**config, "machine": {"cpu": "Some Other CPU", "cores": 2}}))
+    with pytest.raises(cg.GridError, match=r"grid.json: field 'config.machine'.*another machine"):
+        cg.load_results(path, {**config, "machine": {"cpu": "This CPU", "cores": 2}})
+    assert cg.load_results(path, {**config, "machine": {"cpu": "Some Other CPU", "cores": 2}})["cells"] == {}
+    cg.save_results(path, cg.new_results(config))  # an older file: no machine recorded, resumed with a warning
+    cg.load_results(path, {**config, "machine": here})
+    assert "does not say which CPU" in capsys.readouterr().err
+
+
 def test_rerun_measures_a_side_again_unless_measured_at_this_commit(mods):
     cg = mods["cost_growth"]
     results = cg.new_results({"model": "m"})
