@@ -49,10 +49,11 @@ class ExecConfig:
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on. One exception, off by
     # default: decode_dtype=bfloat16 samples from weights rounded to bfloat16.
-    cpu_gemm: str = opt("onednn", "fp32 matmuls of the forward/backward through oneDNN or torch's own kernels "
-                        "(env OPCT_CPU_GEMM)", choices=["onednn", "torch"], group=CPU)
-    pack_weights: bool = opt(True, "keep oneDNN-packed copies of frozen weights: faster forward, costs their memory "
-                             "(env OPCT_PACK_WEIGHTS)", group=CPU)
+    cpu_gemm: str = opt("auto", "fp32 matmuls of the forward/backward through oneDNN or torch's own kernels (MKL); "
+                        "auto: torch's on Intel CPUs, oneDNN elsewhere (env OPCT_CPU_GEMM)",
+                        choices=["auto", "onednn", "torch"], group=CPU)
+    pack_weights: bool = opt(True, "keep oneDNN-packed copies of frozen weights (when the matmuls run on oneDNN): "
+                             "faster forward, costs their memory (env OPCT_PACK_WEIGHTS)", group=CPU)
     lean_decoder: bool = opt(True, "decode Llama-layout models through the lean decoder (fused, packed weights, LoRA "
                              "merged) instead of the Hugging Face forward", group=CPU)
     decode_matmul: str = opt("onednn", "how the lean decoder packs its weights (env OPCT_DECODE_MATMUL)",

@@ -2,7 +2,7 @@
 
 Everything is applied here, once, each piece behind its own setting (`config.ExecConfig`, recorded with the run):
 
-  gemm.py       fp32 matmuls through oneDNN, frozen weights kept pre-packed           cpu_gemm, pack_weights
+  gemm.py       fp32 matmuls through oneDNN or MKL (by CPU), frozen weights packed    cpu_gemm, pack_weights
   decoder.py    lean decode step: fused q/k/v and gate/up, LoRA merged, packed        lean_decoder, decode_matmul,
                 (optionally on bfloat16 copies of the weights)                        decode_dtype
   attention.py  attention as two batched matmuls at short lengths                     short_attention
@@ -80,6 +80,9 @@ class CPUPolicy(HFPolicy):
         self.cfg = cfg
         self.reuse_up_to = micro_batch if cfg.prefill_reuse and lora_dropout == 0 and self.frozen.shared else 0
         self.prefix_cache: dict | None = {} if cfg.teacher_prefix_cache else None
+
+    def describe(self) -> dict:
+        return {**super().describe(), "cpu_gemm_kernel": gemm.SETTINGS["kernel"]}  # what cpu_gemm: auto chose
 
     def sample(self, prompts_N, settings, gen) -> Rollout:
         reuse = not self.is_teacher and len(prompts_N) <= self.reuse_up_to

@@ -10,6 +10,12 @@ measured faster and torch's ops elsewhere. Frozen weights can also be kept pre-p
 These functions have no autograd formula: they are called from custom autograd Functions (`lora.LoRALinearFn`,
 `logprobs._HiddenTokenLogprobs`) and no-grad code (the frozen teacher). Anything but fp32 CPU tensors, a PyTorch
 built without oneDNN, or `configure(kernel="torch")` (the `cpu_gemm` setting) takes torch's own ops.
+
+Which is faster depends on the CPU. torch's CPU matmuls are MKL's, which runs its best code paths on Intel CPUs:
+on the AMD EPYC VM where this module was written oneDNN's products were the faster ones, on an Intel Xeon with
+AVX-512 MKL's (docs/speed.md, 2026-11-25). `cpu_gemm: auto` (the default) therefore picks by the CPU's vendor
+(`auto_kernel`): torch's kernels on Intel, oneDNN elsewhere. Never timed at run time, so a run and its resume on
+the same machine use the same kernels.
 """
 
 from __future__ import annotations
@@ -24,11 +30,32 @@ _OP = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 SETTINGS = {"kernel": "onednn", "pack": True}  # set by the CPU backend's setup (`configure`)
 
 
-def configure(kernel: str = "onednn", pack: bool = True) -> None:
-    """Process-wide: which kernel runs these products ("onednn" or "torch") and whether frozen weights are packed."""
-    if kernel not in ("onednn", "torch"):
-        raise ValueError(f"cpu_gemm={kernel!r}: expected onednn or torch")
-    SETTINGS.update(kernel=kernel, pack=pack)
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as /proc/cpuinfo gives it ("GenuineIntel", "AuthenticAMD", ...); None where unreadable."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def auto_kernel(vendor: str | None = None) -> str:
+    """`cpu_gemm: auto`: "torch" (MKL) on an Intel CPU when this PyTorch has MKL, else "onednn"."""
+    vendor = cpu_vendor() if vendor is None else vendor
+    return "torch" if vendor == "GenuineIntel" and torch.backends.mkl.is_available() else "onednn"
+
+
+def configure(kernel: str = "onednn", pack: bool = True) -> str:
+    """Process-wide: which kernel runs these products ("onednn", "torch", or "auto": `auto_kernel`) and whether
+    frozen weights are packed. Returns the kernel chosen."""
+    if kernel not in ("auto", "onednn", "torch"):
+        raise ValueError(f"cpu_gemm={kernel!r}: expected auto, onednn or torch")
+    SETTINGS.update(kernel=auto_kernel() if kernel == "auto" else kernel, pack=pack)
+    return SETTINGS["kernel"]
 
 
 @functools.cache
