@@ -137,6 +137,15 @@ def test_pinned_losses_of_a_three_step_run(tiny_model_dir, tmp_path, backend):
     assert got == PINNED[backend], got
 
 
+@pytest.mark.parametrize("kernel", ["onednn", "torch"])
+def test_pinned_losses_hold_with_either_matmul_kernel(tiny_model_dir, tmp_path, kernel):
+    """`cpu_gemm: auto` picks one of these by CPU vendor; the other must give the same losses too."""
+    out = tmp_path / "run"
+    train(cfg_for(tiny_model_dir, out, steps=3, cpu_gemm=kernel), pairs=make_pairs(), show_progress=False)
+    assert [round(r["loss"], 5) for r in metrics(out)] == PINNED["cpu"]
+    assert json.loads((out / "run.json").read_text())["execution"]["cpu_gemm_kernel"] == kernel
+
+
 def test_pinned_losses_hold_with_unpadded_scoring_off(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     train(cfg_for(tiny_model_dir, out, steps=3, unpadded_scoring=False), pairs=make_pairs(), show_progress=False)
