@@ -228,23 +228,18 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16",
 def machine() -> dict:
     """The CPU a benchmark ran on (model name, logical cores, the vector/matrix extensions its matmuls can use) and
     the memory: timings from different machines are not comparable, so every result records it."""
-    info = {"cpu": None, "cores": os.cpu_count(), "isa": []}
+    from opct.provenance import cpu_info
+
+    cpu = cpu_info()
+    flags = set((cpu.get("flags") or cpu.get("features") or "").split())
+    info = {"cpu": cpu.get("model name") or cpu.get("hardware"), "cores": os.cpu_count(),
+            "isa": [f for f in ISA_FLAGS if f in flags]}
     try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip().lower()
-            if key in ("model name", "hardware") and info["cpu"] is None:
-                info["cpu"] = value.strip()
-            elif key in ("flags", "features"):
-                flags = set(value.split())
-                info["isa"] = [f for f in ISA_FLAGS if f in flags]
         with open("/proc/meminfo") as f:
             kb = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])
         info["mem_gb"] = round(kb / 1024 ** 2, 1)
     except (OSError, ValueError, StopIteration):
-        pass  # not Linux: the core count alone
+        pass  # not Linux: no memory figure
     return info
 
 

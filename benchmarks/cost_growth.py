@@ -40,13 +40,14 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import machine  # noqa: E402
+from opct.provenance import git_commit  # noqa: E402
 from vs_trl import OPCT_STEP, TRL_STEP, BusyLoop, Side, huge_pages_env, run_side  # noqa: E402
 
 SIDES = ("opct", "trl", "opct_vllm")
@@ -158,16 +159,8 @@ def measured_stamp() -> dict:
     """When and at which commit a run was measured, and whether the code (src/ and benchmarks/, results aside) had
     uncommitted changes."""
     stamp = {"utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    try:
-        git = ["git", "-C", HERE]
-        stamp["commit"] = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                         check=True).stdout.strip()
-        code = [":(top)src", ":(top)benchmarks", ":(top,exclude)benchmarks/results"]
-        stamp["dirty"] = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", *code],
-                                             capture_output=True, text=True, check=True).stdout.strip())
-    except (OSError, subprocess.CalledProcessError):
-        pass  # not a git checkout: the time alone
-    return stamp
+    code = (":(top)src", ":(top)benchmarks", ":(top,exclude)benchmarks/results")
+    return {**stamp, **(git_commit(Path(HERE).parent, code) or {})}  # a copy outside git: the time alone
 
 
 def record_run(entry: dict, side: str, run: dict) -> None:

@@ -332,6 +332,7 @@ def test_git_commit_is_none_outside_a_checkout_and_the_head_inside_one(tmp_path)
     assert git_commit(repo) == {"commit": head, "dirty": False}
     (repo / "f").write_text("y")
     assert git_commit(repo)["dirty"] is True
+    assert git_commit(repo, ("src",))["dirty"] is False  # changes outside the paths asked about
 
 
 def test_version_flag(capsys):

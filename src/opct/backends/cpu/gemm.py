@@ -32,15 +32,9 @@ SETTINGS = {"kernel": "onednn", "pack": True}  # set by the CPU backend's setup 
 
 def cpu_vendor() -> str | None:
     """The CPU's vendor as /proc/cpuinfo gives it ("GenuineIntel", "AuthenticAMD", ...); None where unreadable."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "vendor_id":
-                    return value.strip()
-    except OSError:
-        pass
-    return None
+    from opct.provenance import cpu_info
+
+    return cpu_info().get("vendor_id")
 
 
 def auto_kernel(vendor: str | None = None) -> str:
