@@ -276,6 +276,10 @@ def phase_table(side: dict, bounds: dict, lora_rank: int) -> dict:
                 "times_bandwidth_bound": loop / decode["s_per_step_weights"],
                 "times_max_bound": loop / max(flop_s, decode["s_per_step_weights"]),
             }
+            if decode.get("s_per_step_weights_one_stream"):  # the weights read at one stream's rate (bounds.py)
+                table["sample"]["decode_only"].update(
+                    one_stream_s_per_step=decode["s_per_step_weights_one_stream"],
+                    times_one_stream=loop / decode["s_per_step_weights_one_stream"])
     table["step"] = {"seconds": side["median_step_s"], "bound_s": sum(row["bound_s"] for row in table.values())}
     return table
 

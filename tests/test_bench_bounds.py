@@ -51,6 +51,14 @@ def test_decode_only_against_bandwidth_and_flop_bounds(vs_trl):
     assert d["flop_bound_s_per_step"] == pytest.approx(8 * (2e8 + 5e7) / 100e9)  # 0.02 s > bandwidth's 0.01 s
     assert d["times_bandwidth_bound"] == pytest.approx(0.05 / 0.01)
     assert d["times_max_bound"] == pytest.approx(0.05 / 0.02)
+    assert "times_one_stream" not in d  # bounds from before bounds.py measured one stream's rate
+
+
+def test_decode_only_against_one_stream_rate(vs_trl):
+    decode = {**BOUNDS["decode"]["32"], "stream_gbs": 25.0, "s_per_step_weights_one_stream": 0.02}
+    d = vs_trl.phase_table(side(), {**BOUNDS, "decode": {"32": decode}}, 32)["sample"]["decode_only"]
+    assert d["one_stream_s_per_step"] == 0.02
+    assert d["times_one_stream"] == pytest.approx(0.05 / 0.02)
 
 
 def test_pooling_keeps_per_side_facts(vs_trl):
@@ -97,6 +105,18 @@ def test_matmul_peak_is_the_best_kernel_at_each_size(keep_threads):
     for n, best in out["by_size"].items():
         assert best == max(k[n] for k in out["by_kernel"].values())
     assert out["gflops"] == max(out["by_size"].values())
+
+
+def test_decode_bound_counts_each_weight_once_at_both_rates(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    d = _load("bounds").decode_bound(model, 40.0, batch=2, context=10, stream_gbs=20.0)
+    weights = sum(p.numel() * 4 for p in dict(model.named_parameters(remove_duplicate=True)).values())
+    assert d["weight_bytes"] == weights
+    assert d["s_per_step_weights"] == pytest.approx(weights / 40e9)
+    assert d["s_per_step_weights_one_stream"] == pytest.approx(weights / 20e9)
+    assert "s_per_step_weights_one_stream" not in _load("bounds").decode_bound(model, 40.0)
 
 
 def test_ratio_spread_pairs_rounds_and_brackets_the_pooled_ratio(vs_trl):
