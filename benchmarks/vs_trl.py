@@ -15,7 +15,9 @@ Workload: `--model`, `--batch`, `--max-new-tokens`, and `--prompt-tokens N` (def
 `common.length_prompts`). Every side gets the same flags, so the same prompts. By default every round runs
 seed 0, so every round samples the same responses on each side, and a step's cost moves with how long the sampled
 responses ran (the two sides draw from the same distribution with different random streams). `--vary-seed` runs
-round r with `--seed r` on both sides (round r's prompts and samples), so the pooled ratio averages over draws.
+round r with `--seed r` on both sides (round r's prompts and samples), so the pooled ratio averages over draws;
+`--first-seed K` starts that count at K, so that a second run adds new draws (pool the files with
+`pool_vs_trl.py`).
 
 `--vllm-python PATH` adds a third side, `opct_vllm`: step.py run by that interpreter (one with vllm installed)
 with `--sampler vllm`, in the same rotation (the order of the three reverses every round), pooled like the others
@@ -403,6 +405,8 @@ def main(argv=None):
     p.add_argument("--vary-seed", action="store_true",
                    help="round r runs both sides with --seed r (other prompts, other samples) instead of seed 0 in "
                         "every round, so the pooled ratio averages over sampled response lengths")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="with --vary-seed, round r runs seed K + r: a further run adds new draws to pool")
     p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="opct's decode_dtype (bfloat16: opct samples on bfloat16 weight copies; TRL stays float32)")
     p.add_argument("--trl-huge-pages", action="store_true",
@@ -423,7 +427,7 @@ def main(argv=None):
             flags = ["--model", args.model, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
                      "--lora-rank", str(rank), "--steps", str(args.steps), "--warmup", str(args.warmup)]
             flags += workload_flags(args.prompt_tokens)
-            flags += ["--seed", str(r)] if args.vary_seed else []
+            flags += ["--seed", str(args.first_seed + r)] if args.vary_seed else []
             # Swap who goes first every round, so neither side always runs on a just-warmed (or tired) machine.
             for side in sides if r % 2 == 0 else sides[::-1]:
                 print(f"[vs_trl] round {r + 1}/{args.rounds} lora_rank={rank} {side.name} ...", file=sys.stderr,

@@ -240,8 +240,8 @@ def test_prompt_summary_folds_wrapper_lists(mods):
     assert mods["common"].prompt_summary({"kind": "bench_prompts"}) == {"kind": "bench_prompts"}
 
 
-@pytest.mark.parametrize("vary", [False, True])
-def test_vary_seed_gives_both_sides_the_rounds_seed(mods, tmp_path, monkeypatch, vary):
+@pytest.mark.parametrize("vary,first", [(False, 0), (True, 0), (True, 2)])
+def test_vary_seed_gives_both_sides_the_rounds_seed(mods, tmp_path, monkeypatch, vary, first):
     vs = mods["vs_trl"]
     calls = []
 
@@ -253,8 +253,8 @@ def test_vary_seed_gives_both_sides_the_rounds_seed(mods, tmp_path, monkeypatch,
     step = tmp_path / "step.py"
     step.write_text("")  # the opct side's script only has to exist: run_side is replaced
     vs.main(["--rounds", "3", "--no-bounds", "--opct-step", str(step), "--out", str(tmp_path / "s.json")]
-            + (["--vary-seed"] if vary else []))
+            + (["--vary-seed", "--first-seed", str(first)] if vary else []))
     seeds = [(name, flags[flags.index("--seed") + 1] if "--seed" in flags else None) for name, flags in calls]
-    want = [str(r) if vary else None for r in range(3) for _ in range(2)]
+    want = [str(first + r) if vary else None for r in range(3) for _ in range(2)]
     assert [s for _, s in seeds] == want and {n for n, _ in seeds} == {"opct", "trl"}
     assert json.loads((tmp_path / "s.json").read_text())["config"]["vary_seed"] is vary
