@@ -413,6 +413,8 @@ def main(argv=None):
                    help="give only TRL's process PyTorch's huge-page allocator (THP_MEM_ALLOC_ENABLE=1; opct's "
                         "default is off): each side at its faster setting")
     args = p.parse_args(argv)
+    if args.first_seed and not args.vary_seed:
+        p.error("--first-seed needs --vary-seed (without it every round runs seed 0)")
 
     have_opct = os.path.exists(args.opct_step)
     ranks = [args.lora_rank] + ([0] if args.full and args.lora_rank != 0 else [])

@@ -258,3 +258,9 @@ def test_vary_seed_gives_both_sides_the_rounds_seed(mods, tmp_path, monkeypatch,
     want = [str(first + r) if vary else None for r in range(3) for _ in range(2)]
     assert [s for _, s in seeds] == want and {n for n, _ in seeds} == {"opct", "trl"}
     assert json.loads((tmp_path / "s.json").read_text())["config"]["vary_seed"] is vary
+
+
+def test_first_seed_without_vary_seed_is_an_error(mods, capsys):
+    with pytest.raises(SystemExit) as e:
+        mods["vs_trl"].main(["--first-seed", "2", "--no-bounds"])
+    assert e.value.code == 2 and "--first-seed needs --vary-seed" in capsys.readouterr().err
