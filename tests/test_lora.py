@@ -111,3 +111,28 @@ def test_packed_weights_are_bit_identical_kept_while_unchanged_and_only_for_froz
     assert gemm.packed_weight(torch.nn.Linear(4, 4)) is None  # trainable
     gemm.configure(pack=False)
     assert gemm.packed_weight(torch.nn.Linear(4, 4).requires_grad_(False)) is None
+
+
+def test_kept_copies_stay_within_their_share_of_physical_memory(monkeypatch):
+    """`gemm.kept` keeps copies while all of them together fit KEEP_FRACTION of physical memory; past that it
+    returns None (the caller makes a throwaway copy) and keeps nothing new, and a copy freed with its owner frees
+    its share."""
+    from opct.backends.cpu import gemm
+
+    monkeypatch.setattr(gemm, "_KEPT", __import__("weakref").WeakKeyDictionary())
+    monkeypatch.setattr(gemm, "physical_memory", lambda: 1000)
+    monkeypatch.setattr(gemm, "KEEP_FRACTION", 1 / 4)  # a budget of 250 bytes
+    w1, w2 = torch.zeros(50), torch.zeros(20)  # 200 and 80 bytes
+    owner1, owner2 = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    c1 = gemm.kept(owner1, "packed", [w1], lambda: "copy1")
+    assert c1 == "copy1" and gemm.kept(owner1, "packed", [w1], None) == "copy1"
+    assert gemm.kept(owner2, "packed", [w2], lambda: "copy2") is None  # 280 > 250 bytes
+    assert gemm.kept(owner2, "packed", [w2], None) is None  # and nothing was kept
+    monkeypatch.setattr(gemm, "KEEP_FRACTION", 1 / 2)
+    assert gemm.kept(owner2, "packed", [w2], lambda: "copy2") == "copy2"  # 280 <= 500
+    del owner1
+    import gc
+
+    gc.collect()
+    monkeypatch.setattr(gemm, "KEEP_FRACTION", 1 / 4)
+    assert gemm.kept(torch.nn.Linear(1, 1), "packed", [torch.zeros(40)], lambda: "copy3") == "copy3"  # 80 + 160

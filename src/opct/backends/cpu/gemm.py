@@ -93,15 +93,18 @@ def physical_memory() -> int:
 
 
 # Copies derived from frozen tensors, kept while those are unchanged: {owner: {tag: (key, copy, nbytes)}}.
+# All kept copies together stay within this share of physical memory (an eighth left the 0.5B LoRA run's decode
+# head out, repacked every rollout: docs/speed.md 2026-11-26 (later)).
+KEEP_FRACTION = 1 / 4
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def kept(owner, tag: str, tensors: list[torch.Tensor], make, extra=(), nbytes: int | None = None):
     """make(), kept for `owner` under `tag` and returned again while `tensors` are unchanged (an in-place update
     bumps a tensor's _version, replacing it changes its storage) and `extra` is the same; one copy per (owner, tag).
-    None, and nothing kept, when a tensor can change (requires grad) or all kept copies would take more than an
-    eighth of physical memory: the caller then works without a kept copy, so a large model or a full fine-tune
-    does not carry a second copy of its weights through the backward pass, where a training step peaks.
+    None, and nothing kept, when a tensor can change (requires grad) or all kept copies would take more than
+    `KEEP_FRACTION` of physical memory: the caller then works without a kept copy, so a large model or a full
+    fine-tune does not carry a second copy of its weights through the backward pass, where a training step peaks.
     `nbytes`: the copy's size when it is not that of `tensors` (a buffer keyed by `extra` alone). With `make` None,
     only a copy already kept is returned (None otherwise)."""
     if any(t.requires_grad for t in tensors):
@@ -117,7 +120,7 @@ def kept(owner, tag: str, tensors: list[torch.Tensor], make, extra=(), nbytes: i
     if nbytes is None:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
     in_use = sum(c[2] for cs in _KEPT.values() for c in cs.values())
-    if in_use + nbytes > physical_memory() // 8:
+    if in_use + nbytes > physical_memory() * KEEP_FRACTION:
         return None
     copies[tag] = (key, make(), nbytes)
     return copies[tag][1]
