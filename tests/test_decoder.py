@@ -264,3 +264,78 @@ def test_unknown_decode_dtype_is_an_error():
 
     with pytest.raises(ValueError, match="decode_dtype='float16'"):
         decoder.configure("onednn", "float16")
+
+
+def _anon_huge_kb(addr: int) -> int:
+    """AnonHugePages (kB) of the mapping in /proc/self/smaps that holds `addr`."""
+    inside, kb = False, 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "AnonHugePages:":
+                kb = int(line.split()[1])
+    return kb
+
+
+def test_collapse_to_huge_pages_keeps_contents_and_needs_a_whole_huge_page():
+    from opct.backends.cpu import process
+
+    small = torch.arange(1000.0)
+    assert process.collapse_to_huge_pages(small.data_ptr(), 4000) is False  # holds no whole 2 MB page
+    big = torch.arange(3 * 2**20, dtype=torch.float32)  # 12 MB
+    want = big.clone()
+    ok = process.collapse_to_huge_pages(big.data_ptr(), big.numel() * 4)
+    assert torch.equal(big, want)
+    if ok:  # Linux 6.1+ that allows it: the range now sits on 2 MB pages
+        assert _anon_huge_kb(big.data_ptr()) >= 2048
+
+
+def test_only_kept_packed_weights_go_to_huge_pages_once(tiny_model_dir, monkeypatch):
+    """decode_huge_pages: a kept copy (the head; the whole body with the adapter disabled) is moved onto huge pages
+    when it is made, and not again when a later decoder reuses it; a LoRA body packed afresh for one rollout is not
+    (it would pay the copy every rollout); with the setting off, nothing is."""
+    from opct.backends.cpu import decoder, gemm, process
+
+    model, tok = lora_model(tiny_model_dir)
+    calls = []
+    monkeypatch.setattr(process, "collapse_to_huge_pages", lambda addr, n: calls.append((addr, n)) or True)
+    monkeypatch.setattr(gemm, "_KEPT", __import__("weakref").WeakKeyDictionary())
+    decoder.configure("onednn", "float32", huge_pages=True)
+    d1 = LeanDecoder.build(model, 3)
+    if d1.head.kind != "onednn" or "decode_merged" in gemm._KEPT.get(d1.body, {}):
+        pytest.skip("needs oneDNN packing, and a tiny model whose LoRA body is not merged into kept buffers")
+    assert calls == [(torch.ops.mkldnn.data_ptr(d1.head.packed), torch.ops.mkldnn._nbytes(d1.head.packed))]
+    LeanDecoder.build(model, 3)
+    assert len(calls) == 1  # the head reused; the LoRA body packed afresh, not moved
+    with model.disable_adapter():
+        LeanDecoder.build(model, 3)
+        n_linears = 4 * model.config.num_hidden_layers  # qkv, o, gate_up, down a layer
+        assert len(calls) == 1 + n_linears
+        LeanDecoder.build(model, 3)
+        assert len(calls) == 1 + n_linears
+    decoder.configure("onednn", "float32", huge_pages=False)
+    gemm._KEPT.clear()
+    LeanDecoder.build(model, 3)
+    assert len(calls) == 1 + n_linears
+
+
+def test_a_kept_head_on_huge_pages_decodes_as_before(tiny_model_dir):
+    """With the real call: the kept head (49,152 x 32 fp32, 6 MB) lands on 2 MB pages where the kernel allows it, and
+    logits still follow the HF model."""
+    from opct.backends.cpu import decoder, gemm
+
+    model, tok = lora_model(tiny_model_dir)
+    gemm._KEPT.clear()
+    decoder.configure("onednn", "float32", huge_pages=True)
+    dec = LeanDecoder.build(model, 3)
+    if dec.head.kind == "onednn":
+        from opct.backends.cpu import process
+
+        probe = torch.ones(3 * 2**20)  # written: the call collapses populated pages only
+        if process.collapse_to_huge_pages(probe.data_ptr(), probe.numel() * 4):  # the kernel allows it here
+            assert _anon_huge_kb(torch.ops.mkldnn.data_ptr(dec.head.packed)) >= 2048
+    hf, lean = hf_and_lean_logits(model, tok, torch.tensor([[100, 200, 300], [5, 2, 9], [42, 43, 44]]))
+    assert torch.allclose(hf, lean, atol=1e-4), (hf - lean).abs().max()

@@ -61,6 +61,8 @@ class ExecConfig:
     decode_dtype: str = opt("float32", "the lean decoder's matmuls on bfloat16 copies of the (LoRA-merged) weights: "
                             "faster sampling from a policy rounded to bfloat16 (slightly off-policy; the losses stay "
                             "float32)", choices=["float32", "bfloat16"], group=CPU)
+    decode_huge_pages: bool = opt(True, "the lean decoder's kept packed weights are moved once onto 2 MB pages (Linux "
+                                  "MADV_COLLAPSE), so a decode token streams them with fewer TLB misses", group=CPU)
     short_attention: bool = opt(True, "attention as two batched matmuls at short lengths (SDPA beyond)", group=CPU)
     lora_node: bool = opt(True, "one autograd node per LoRA linear instead of PEFT's five", group=CPU)
     low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU)

@@ -4,7 +4,8 @@ Everything is applied here, once, each piece behind its own setting (`config.Exe
 
   gemm.py       fp32 matmuls through oneDNN or MKL (by CPU), frozen weights packed    cpu_gemm, pack_weights
   decoder.py    lean decode step: fused q/k/v and gate/up, LoRA merged, packed        lean_decoder, decode_matmul,
-                (optionally on bfloat16 copies of the weights)                        decode_dtype
+                (optionally on bfloat16 copies of the weights), kept packed weights   decode_dtype,
+                on 2 MB pages                                                         decode_huge_pages
   attention.py  attention as two batched matmuls at short lengths                     short_attention
   lora.py       one autograd node per LoRA linear                                     lora_node
   norms.py      RMSNorm / SwiGLU backward passes that keep fewer activations          low_memory_norms
@@ -33,9 +34,9 @@ from opct.backends.cpu.logprobs import response_logprobs
 from opct.backends.cpu.prefill import GROUP_COST_TOKENS, decode, prefill, response_hidden_after_prefill
 from opct.backends.hf import HFPolicy
 
-SETTINGS = ("cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype", "short_attention",
-            "lora_node", "low_memory_norms", "prefill_reuse", "teacher_prefix_cache", "keys_only_last_layer",
-            "unpadded_scoring", "keep_freed_memory", "huge_pages")
+SETTINGS = ("cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype", "decode_huge_pages",
+            "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "teacher_prefix_cache",
+            "keys_only_last_layer", "unpadded_scoring", "keep_freed_memory", "huge_pages")
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -49,7 +50,7 @@ def unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
 def setup_process(cfg) -> None:
     """The process-wide settings: kernel choices and memory behaviour."""
     gemm.configure(cfg.cpu_gemm, cfg.pack_weights)
-    decoder.configure(cfg.decode_matmul, cfg.decode_dtype)
+    decoder.configure(cfg.decode_matmul, cfg.decode_dtype, cfg.decode_huge_pages)
     if cfg.keep_freed_memory:
         process.keep_freed_memory()  # each step re-allocates the same large buffers: keep their pages
     # huge_pages must precede torch's first allocation: the CLI applies it (cli.before_torch)

@@ -33,22 +33,23 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from opct.backends.cpu import gemm
+from opct.backends.cpu import gemm, process
 from opct.models import unwrap
 
 SUPPORTED = {"llama", "qwen2", "mistral"}
-SETTINGS = {"matmul": "onednn", "dtype": torch.float32}  # set by the CPU backend's setup (`configure`)
+SETTINGS = {"matmul": "onednn", "dtype": torch.float32, "huge_pages": True}  # set by the CPU backend (`configure`)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def configure(matmul: str = "onednn", dtype: str = "float32") -> None:
-    """Process-wide: how decode steps pack their weights ("onednn", "mkl" or "dense" = plain F.linear) and in
-    which dtype their matmuls read the weights ("float32" or "bfloat16")."""
+def configure(matmul: str = "onednn", dtype: str = "float32", huge_pages: bool = True) -> None:
+    """Process-wide: how decode steps pack their weights ("onednn", "mkl" or "dense" = plain F.linear), in
+    which dtype their matmuls read the weights ("float32" or "bfloat16"), and whether kept packed weights are
+    moved onto 2 MB pages (`_on_huge_pages`)."""
     if matmul not in ("onednn", "mkl", "dense"):
         raise ValueError(f"decode_matmul={matmul!r}: expected onednn, mkl or dense")
     if dtype not in DTYPES:
         raise ValueError(f"decode_dtype={dtype!r}: expected float32 or bfloat16")
-    SETTINGS.update(matmul=matmul, dtype=DTYPES[dtype])
+    SETTINGS.update(matmul=matmul, dtype=DTYPES[dtype], huge_pages=bool(huge_pages))
 _ATTN_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
@@ -199,13 +200,27 @@ def _group_bias(bases: list[torch.nn.Linear], scales: list[float]) -> torch.Tens
                       for b, sc in zip(bases, scales)])
 
 
+def _on_huge_pages(packed):
+    """A kept copy's packed weights moved onto 2 MB pages, once, when it is made (`process.collapse_to_huge_pages`;
+    the `decode_huge_pages` setting): every decode token streams all of them, and with 4 kB pages that stream takes
+    a TLB miss every 4 kB. Contents unchanged. Only kept copies: a throwaway one would pay the copy every rollout."""
+    if SETTINGS["huge_pages"]:
+        for p in packed:
+            t = p.packed if isinstance(p, _Packed) else p
+            if t is not None and t.is_mkldnn:
+                process.collapse_to_huge_pages(torch.ops.mkldnn.data_ptr(t), torch.ops.mkldnn._nbytes(t))
+            elif t is not None and t.device.type == "cpu":  # MKL's packing: a plain buffer
+                process.collapse_to_huge_pages(t.data_ptr(), t.numel() * t.element_size())
+    return packed
+
+
 class _MergedBody:
     """oneDNN-packed tensors for a LoRA model's merged body, kept across rollouts (`gemm.kept`) and rewritten in
     place by each decoder built on them; `owner` is the decoder now reading them."""
 
     def __init__(self, shapes: list[tuple[int, int]], batch: int, dtype: torch.dtype):
-        self.packed = [torch.ops.mkldnn._reorder_linear_weight(torch.zeros(O, I, dtype=dtype), batch)
-                       for O, I in shapes]
+        self.packed = _on_huge_pages([torch.ops.mkldnn._reorder_linear_weight(torch.zeros(O, I, dtype=dtype), batch)
+                                      for O, I in shapes])
         self.owner = None
 
 
@@ -276,8 +291,16 @@ def _kept(body, part: str, linears: list[torch.nn.Linear], batch: int, pack):
     frozen, and the kept copies small); otherwise pack() anew, to be freed with this decoder."""
     tensors = [t for lin in linears for t in (lin.weight, lin.bias) if t is not None]
     nbytes = sum(t.numel() for t in tensors) * SETTINGS["dtype"].itemsize
-    packed = gemm.kept(body, "decode_" + part, tensors, pack, extra=(batch, SETTINGS["dtype"]), nbytes=nbytes)
+    packed = gemm.kept(body, "decode_" + part, tensors, lambda: _keepable(pack()), extra=(batch, SETTINGS["dtype"]),
+                       nbytes=nbytes)
     return pack() if packed is None else packed
+
+
+def _keepable(packed):
+    """`packed` (a _Packed, or a list of per-layer dicts of them) with its oneDNN memory moved onto huge pages."""
+    items = [packed] if isinstance(packed, _Packed) else [p for layer in packed for p in layer.values()]
+    _on_huge_pages(items)
+    return packed
 
 
 class LeanDecoder:
