@@ -1,5 +1,7 @@
 """The lean decode path (decoder.py) against the Hugging Face forward it replaces while sampling."""
 
+import weakref
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -302,7 +304,7 @@ def test_only_kept_packed_weights_go_to_huge_pages_once(tiny_model_dir, monkeypa
     model, tok = lora_model(tiny_model_dir)
     calls = []
     monkeypatch.setattr(process, "collapse_to_huge_pages", lambda addr, n: calls.append((addr, n)) or True)
-    monkeypatch.setattr(gemm, "_KEPT", __import__("weakref").WeakKeyDictionary())
+    monkeypatch.setattr(gemm, "_KEPT", weakref.WeakKeyDictionary())
     decoder.configure("onednn", "float32", huge_pages=True)
     d1 = LeanDecoder.build(model, 3)
     if d1.head.kind != "onednn" or "decode_merged" in gemm._KEPT.get(d1.body, {}):

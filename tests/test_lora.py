@@ -1,3 +1,6 @@
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -119,7 +122,7 @@ def test_kept_copies_stay_within_their_share_of_physical_memory(monkeypatch):
     its share."""
     from opct.backends.cpu import gemm
 
-    monkeypatch.setattr(gemm, "_KEPT", __import__("weakref").WeakKeyDictionary())
+    monkeypatch.setattr(gemm, "_KEPT", weakref.WeakKeyDictionary())
     monkeypatch.setattr(gemm, "physical_memory", lambda: 1000)
     monkeypatch.setattr(gemm, "KEEP_FRACTION", 1 / 4)  # a budget of 250 bytes
     w1, w2 = torch.zeros(50), torch.zeros(20)  # 200 and 80 bytes
@@ -131,8 +134,6 @@ def test_kept_copies_stay_within_their_share_of_physical_memory(monkeypatch):
     monkeypatch.setattr(gemm, "KEEP_FRACTION", 1 / 2)
     assert gemm.kept(owner2, "packed", [w2], lambda: "copy2") == "copy2"  # 280 <= 500
     del owner1
-    import gc
-
     gc.collect()
     monkeypatch.setattr(gemm, "KEEP_FRACTION", 1 / 4)
     assert gemm.kept(torch.nn.Linear(1, 1), "packed", [torch.zeros(40)], lambda: "copy3") == "copy3"  # 80 + 160

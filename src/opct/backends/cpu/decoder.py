@@ -200,17 +200,16 @@ def _group_bias(bases: list[torch.nn.Linear], scales: list[float]) -> torch.Tens
                       for b, sc in zip(bases, scales)])
 
 
-def _on_huge_pages(packed):
-    """A kept copy's packed weights moved onto 2 MB pages, once, when it is made (`process.collapse_to_huge_pages`;
-    the `decode_huge_pages` setting): every decode token streams all of them, and with 4 kB pages that stream takes
-    a TLB miss every 4 kB. Contents unchanged. Only kept copies: a throwaway one would pay the copy every rollout."""
-    if SETTINGS["huge_pages"]:
-        for p in packed:
-            t = p.packed if isinstance(p, _Packed) else p
-            if t is not None and t.is_mkldnn:
-                process.collapse_to_huge_pages(torch.ops.mkldnn.data_ptr(t), torch.ops.mkldnn._nbytes(t))
-            elif t is not None and t.device.type == "cpu":  # MKL's packing: a plain buffer
-                process.collapse_to_huge_pages(t.data_ptr(), t.numel() * t.element_size())
+def _on_huge_pages(packed: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """A kept copy's packed weights (oneDNN's, or MKL's plain buffers; None: unpacked) moved onto 2 MB pages, once,
+    when it is made (`process.collapse_to_huge_pages`; the `decode_huge_pages` setting): every decode token streams
+    all of them, and with 4 kB pages that stream takes a TLB miss every 4 kB. Contents unchanged. Only kept copies:
+    a throwaway one would pay the copy every rollout."""
+    for t in packed if SETTINGS["huge_pages"] else []:
+        if t is not None:
+            addr, n = ((torch.ops.mkldnn.data_ptr(t), torch.ops.mkldnn._nbytes(t)) if t.is_mkldnn
+                       else (t.data_ptr(), t.numel() * t.element_size()))
+            process.collapse_to_huge_pages(addr, n)
     return packed
 
 
@@ -291,16 +290,14 @@ def _kept(body, part: str, linears: list[torch.nn.Linear], batch: int, pack):
     frozen, and the kept copies small); otherwise pack() anew, to be freed with this decoder."""
     tensors = [t for lin in linears for t in (lin.weight, lin.bias) if t is not None]
     nbytes = sum(t.numel() for t in tensors) * SETTINGS["dtype"].itemsize
-    packed = gemm.kept(body, "decode_" + part, tensors, lambda: _keepable(pack()), extra=(batch, SETTINGS["dtype"]),
-                       nbytes=nbytes)
+    def keep():  # a copy that will be kept: onto huge pages
+        packed = pack()
+        parts = [packed] if isinstance(packed, _Packed) else [p for layer in packed for p in layer.values()]
+        _on_huge_pages([p.packed for p in parts])
+        return packed
+
+    packed = gemm.kept(body, "decode_" + part, tensors, keep, extra=(batch, SETTINGS["dtype"]), nbytes=nbytes)
     return pack() if packed is None else packed
-
-
-def _keepable(packed):
-    """`packed` (a _Packed, or a list of per-layer dicts of them) with its oneDNN memory moved onto huge pages."""
-    items = [packed] if isinstance(packed, _Packed) else [p for layer in packed for p in layer.values()]
-    _on_huge_pages(items)
-    return packed
 
 
 class LeanDecoder:

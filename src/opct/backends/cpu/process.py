@@ -33,7 +33,7 @@ TRIM_THRESHOLD = (1 << 31) - 1  # free memory at the heap's top is kept up to th
 
 
 _MADV_COLLAPSE = 25  # linux/mman.h, Linux 6.1+
-_PAGE, _HUGE = 4096, 2 << 20
+_HUGE = 2 << 20
 
 
 @functools.cache
