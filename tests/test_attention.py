@@ -49,11 +49,61 @@ def test_long_sequences_take_the_sdpa_kernel(tiny_model_dir, monkeypatch):
     model, _ = cpu_model(tiny_model_dir)
     ids, mask, pos = left_pad(PROMPTS, 0)
     monkeypatch.setattr(attention, "MAX_SCORES", 0)  # every call counts as long
+    calls = []
+    real_flash = attention.flash_attention
+    monkeypatch.setattr(attention, "flash_attention", lambda *a: calls.append(1) or real_flash(*a))
     with torch.no_grad():
         ours = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
         model.set_attn_implementation("sdpa")
         ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-    assert torch.equal(ours, ref)
+    assert len(calls) == model.config.num_hidden_layers
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)  # the same kernel, key/value heads not repeated
+
+
+@pytest.mark.parametrize("chunk", [2, 4])
+def test_long_causal_attention_in_query_chunks_matches_eager(tiny_model_dir, monkeypatch, chunk):
+    """Past MAX_SCORES, causal attention runs the flash kernel on query chunks that read only the keys up to their
+    own positions: the same logits and gradients as eager attention, padding included."""
+    model, _ = cpu_model(tiny_model_dir)
+    model.requires_grad_(True)
+    ids, mask, pos = left_pad(PROMPTS, 0)
+    monkeypatch.setattr(attention, "MAX_SCORES", 0)
+    monkeypatch.setattr(attention, "CHUNK_QUERIES", chunk)
+    chunks = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *a, **kw: chunks.append(q.shape[2]) or real_sdpa(q, *a, **kw))
+    ours, g_ours = _run(model, ids, mask, pos)
+    T, L = ids.shape[1], model.config.num_hidden_layers
+    assert len(chunks) == L * -(-T // chunk) and max(chunks) <= chunk and sum(chunks) == L * T
+    model.set_attn_implementation("eager")
+    ref, g_ref = _run(model, ids, mask, pos)
+    real = mask.bool()
+    assert ours.isfinite().all()
+    torch.testing.assert_close(ours[real], ref[real], rtol=1e-5, atol=1e-5)
+    for n in g_ref:
+        torch.testing.assert_close(g_ours[n], g_ref[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_flash_attention_chunks_read_only_keys_up_to_each_chunk(monkeypatch):
+    """Queries that are the last T of S positions (a continuation over a cache): chunk [a, e) reads keys
+    [0, S - T + e); the result equals one masked flash call with repeated key/value heads, also for a mask that
+    lets a query see a later key (not causal: one call over all keys)."""
+    torch.manual_seed(0)
+    B, H, K, T, S, D = 2, 6, 2, 7, 11, 8
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, K, S, D), torch.randn(B, K, S, D)
+    mask = torch.ones(B, 1, T, S, dtype=torch.bool).tril(S - T)
+    mask[1, :, :, :3] = False  # left padding in row 1
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1),
+                                                           attn_mask=mask, scale=0.3)
+    bad = mask.clone()
+    bad[0, 0, 0, S - 1] = True  # the first query sees the last key
+    ref_bad = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=bad, scale=0.3)
+    for chunk in (1, 3, 6, 7):
+        monkeypatch.setattr(attention, "CHUNK_QUERIES", chunk)
+        torch.testing.assert_close(attention.flash_attention(q, k, v, mask, 0.3), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(attention.flash_attention(q, k, v, bad, 0.3), ref_bad, rtol=1e-5, atol=1e-6)
 
 
 def test_saved_model_does_not_name_it(tiny_model_dir, tmp_path):

@@ -63,7 +63,8 @@ class ExecConfig:
                             "float32)", choices=["float32", "bfloat16"], group=CPU)
     decode_huge_pages: bool = opt(True, "the lean decoder's kept packed weights are moved once onto 2 MB pages (Linux "
                                   "MADV_COLLAPSE), so a decode token streams them with fewer TLB misses", group=CPU)
-    short_attention: bool = opt(True, "attention as two batched matmuls at short lengths (SDPA beyond)", group=CPU)
+    short_attention: bool = opt(True, "attention as two batched matmuls at short lengths; beyond, SDPA's flash kernel "
+                                "in causal query chunks (off: transformers' sdpa)", group=CPU)
     lora_node: bool = opt(True, "one autograd node per LoRA linear instead of PEFT's five", group=CPU)
     low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU)
     prefill_reuse: bool = opt(True, "the student's sampling prefill (run with grad) doubles as the prompt part of its "

@@ -6,7 +6,8 @@ Everything is applied here, once, each piece behind its own setting (`config.Exe
   decoder.py    lean decode step: fused q/k/v and gate/up, LoRA merged, packed        lean_decoder, decode_matmul,
                 (optionally on bfloat16 copies of the weights), kept packed weights   decode_dtype,
                 on 2 MB pages                                                         decode_huge_pages
-  attention.py  attention as two batched matmuls at short lengths                     short_attention
+  attention.py  attention as two batched matmuls at short lengths; beyond, the flash    short_attention
+                kernel on unrepeated key/value heads, in causal query chunks
   lora.py       one autograd node per LoRA linear                                     lora_node
   norms.py      RMSNorm / SwiGLU backward passes that keep fewer activations          low_memory_norms
   prefill.py    shared-prefix prefill, last layer keys-only, scoring on a prefill     keys_only_last_layer,
