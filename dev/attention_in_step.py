@@ -1,4 +1,4 @@
-"""Same-process A/B of long attention inside real opct steps: transformers' sdpa path against `attention.flash_attention`.
+"""Same-process A/B of long attention inside real opct steps: transformers' sdpa path vs `attention.flash_attention`.
 
     python dev/attention_in_step.py MODEL PROMPT_TOKENS NEW_TOKENS STEPS
     python dev/attention_in_step.py qwen2.5-coder-0.5b-instruct 400 128 6
@@ -27,12 +27,13 @@ from opct.backends.cpu import attention  # noqa: E402
 from opct.train import loop  # noqa: E402
 
 name, P, T, n_steps = sys.argv[1], int(sys.argv[2]) or None, int(sys.argv[3]), int(sys.argv[4])
-pairs, info = workload_pairs(name, 8 * n_steps, P)
-cfg = step_config(tempfile.mkdtemp() + '/r', name, 8, n_steps, T, 32)
+pairs, _ = workload_pairs(name, 8 * n_steps, P)
+cfg = step_config(tempfile.mkdtemp() + "/r", name, 8, n_steps, T, 32)
 run = loop.start_run(cfg, pairs)
 pol = run.policy
 MODE = {"new": True}
 acc = {"fwd": 0.0, "bwd": 0.0, "calls": 0}
+
 
 class Timed(torch.autograd.Function):
     @staticmethod
@@ -42,6 +43,7 @@ class Timed(torch.autograd.Function):
             t0 = time.perf_counter(); out = fn(qq, kk, vv); acc["fwd"] += time.perf_counter() - t0
         ctx.saved = (qq, kk, vv, out)
         return out.detach()
+
     @staticmethod
     def backward(ctx, g):
         qq, kk, vv, out = ctx.saved
@@ -50,10 +52,9 @@ class Timed(torch.autograd.Function):
         it = iter(grads)
         return tuple(next(it) if t.requires_grad else None for t in (qq, kk, vv)) + (None,)
 
+
 def timed_attention(module, query, key, value, attention_mask, **kw):
-    B, H, Tq, D = query.shape
-    S = key.shape[2]
-    if Tq * S <= attention.MAX_SCORES:
+    if query.shape[2] * key.shape[2] <= attention.MAX_SCORES:
         return attention.short_attention(module, query, key, value, attention_mask, **kw)
     acc["calls"] += 1
     if MODE["new"]:
@@ -65,8 +66,8 @@ def timed_attention(module, query, key, value, attention_mask, **kw):
     t0 = time.perf_counter(); out = fn(query, key, value); acc["fwd"] += time.perf_counter() - t0
     return out, None
 
+
 AttentionInterface.register(attention.NAME, timed_attention)
-rows = []
 for step in range(n_steps):
     MODE["new"] = step % 2 == 1
     idx = loop.data_order(len(run.rendered), cfg.seed, (step // 2) * 8, 8)  # each prompt batch twice: old then new
@@ -75,8 +76,8 @@ for step in range(n_steps):
     acc.update(fwd=0.0, bwd=0.0, calls=0)
     t0 = time.perf_counter()
     r = opct_step(pol, batch, run.cfg, gen)
-    for p in pol.model.parameters(): p.grad = None
-    rows.append({"mode": "new" if MODE["new"] else "old", "step_s": time.perf_counter() - t0, **acc,
-                 "response_tokens": r["response_tokens"], "sample": r["time_sample"], "teacher": r["time_teacher"],
-                 "student": r["time_student"]})
-    print(json.dumps(rows[-1]), flush=True)
+    step_s = time.perf_counter() - t0
+    pol.model.zero_grad(set_to_none=True)
+    print(json.dumps({"mode": "new" if MODE["new"] else "old", "step_s": step_s, **acc,
+                      "response_tokens": r["response_tokens"], "sample": r["time_sample"],
+                      "teacher": r["time_teacher"], "student": r["time_student"]}), flush=True)

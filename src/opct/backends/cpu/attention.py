@@ -72,7 +72,7 @@ def flash_attention(query_BHTD, key_BKSD, value_BKSD, mask_B1TS, scale: float) -
     bounds = [T * i // n for i in range(n + 1)]
     outs = []
     for a, e in zip(bounds[:-1], bounds[1:]):
-        end = S - T + e if n > 1 else S  # one past the last key a query of this chunk sees
+        end = S - T + e  # one past the last key a query of this chunk sees (S for a single chunk)
         outs.append(torch.nn.functional.scaled_dot_product_attention(
             query_BHTD[:, :, a:e], key_BKSD[:, :, :end], value_BKSD[:, :, :end], attn_mask=mask_B1TS[:, :, a:e, :end],
             scale=scale, enable_gqa=True))
