@@ -137,6 +137,48 @@ def test_shared_prefix_prefill_equals_full_prefill(tiny_model_dir):
         assert decode(model, shared, s, set(), tok.pad_token_id) == decode(model, full, s, set(), tok.pad_token_id)
 
 
+@pytest.mark.parametrize("min_shared", [8, 10_000])  # with the shared prefix run once, and without
+def test_prompts_in_length_groups_give_the_one_batch_prefill_and_its_gradients(tiny_model_dir, monkeypatch, min_shared):
+    import importlib
+
+    from opct.backends.cpu.prefill import decode, prefill
+    from conftest import response_logits_after_prefill
+
+    prefill_module = importlib.import_module("opct.backends.cpu.prefill")
+    model, tok = lora_model(tiny_model_dir, std=0.1)
+    qs = ("Hi", "What is the capital of France?", "Name a colour.", "Why is the sky blue on a clear day, and why "
+          "is it red at sunset?")
+    ps = [render_prompt(tok, [{"role": "user", "content": q}]) for q in qs]
+    rs = [[100, 200, 300, 2], [5, 2], [7, 8, 9], [11]]
+    runs = []
+    grouping = prefill_module.length_groups
+    monkeypatch.setattr(prefill_module, "length_groups", lambda *a: runs.append(grouping(*a)) or runs[-1])
+    params = [p for p in model.parameters() if p.requires_grad]
+    outs = {}
+    for cost in (None, 0):  # one padded batch; a group per distinct length (no cost per group)
+        pre = prefill(model, ps, tok.pad_token_id, min_shared=min_shared, group_cost=cost)
+        kv = [(lay.keys.detach().clone(), lay.values.detach().clone()) for lay in pre.cache.layers]
+        with torch.no_grad():
+            tokens = decode(model, pre, SamplingSettings(max_new_tokens=6, temperature=0), set(), tok.pad_token_id)
+        logits = response_logits_after_prefill(model, pre, rs, tok.pad_token_id)  # (appends to pre.cache)
+        loss = sum(logits[i, :len(r)].sum() for i, r in enumerate(rs))
+        outs[cost] = (pre, kv, logits, torch.autograd.grad(loss, params), tokens)
+    assert [len(g) for g in runs] == [4]  # only the grouped prefill asked, and got one group per prompt length
+    (one, kv_one, l_one, g_one, t_one), (grp, kv_grp, l_grp, g_grp, t_grp) = outs[None], outs[0]
+    assert torch.equal(one.mask_BL, grp.mask_BL) and torch.equal(one.last_pos_B, grp.last_pos_B)
+    assert torch.allclose(one.last_hidden_BH, grp.last_hidden_BH, atol=1e-5)
+    real = one.mask_BL.bool()  # [B, L]: the cached positions that are not padding
+    for a, b in zip(kv_one, kv_grp):
+        for x, y in zip(a, b):
+            assert x.shape == y.shape
+            assert torch.allclose(x.transpose(1, 2)[real], y.transpose(1, 2)[real], atol=1e-5)
+    for i, r in enumerate(rs):
+        assert torch.allclose(l_one[i, :len(r)], l_grp[i, :len(r)], atol=1e-4)
+    for a, b in zip(g_one, g_grp):
+        assert (a - b).norm() <= 1e-5 * a.norm()
+    assert t_one == t_grp
+
+
 def test_prefix_cache_reuses_the_shared_prefix_only_without_grad_and_for_the_same_tokens(tiny_model_dir):
     from opct.backends.batching import common_prefix
     from opct.backends.cpu.prefill import prefill

@@ -81,7 +81,7 @@ def test_grad_accumulation_equals_one_big_batch(tiny_model_dir, lora_rank, backe
 @pytest.mark.parametrize("lora_rank", [4, 0])
 def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_model_dir, lora_rank, monkeypatch):
     """The reference and the CPU kernels on one fixed rollout: log-probs, sampled-token loss, and its gradient; the
-    CPU kernels with responses scored padded and in length groups."""
+    CPU kernels with prompts and responses run padded and in length groups."""
     import importlib
 
     import opct.backends.cpu as cpu
@@ -90,20 +90,22 @@ def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_m
     prefill_module = importlib.import_module("opct.backends.cpu.prefill")  # (the package's `prefill` is the function)
     groups = []
 
-    def recording(*args):
-        groups.append(length_groups(*args))
-        return groups[-1]
+    def recording(lengths, *args):
+        groups.append((len(lengths), length_groups(lengths, *args)))
+        return groups[-1][1]
     monkeypatch.setattr(prefill_module, "length_groups", recording)
     out = {}
     for backend, unpadded, cost in (("hf", True, 32), ("cpu", False, 32), ("cpu", True, 0)):
-        # with no cost per group, the cpu backend scores these rows in three groups, one per length
+        # with no cost per group, the cpu backend runs these rows in a group per distinct length
         monkeypatch.setattr(cpu, "GROUP_COST_TOKENS", cost)
-        cfg = cfg_for(tiny_model_dir, "unused", lora_rank=lora_rank, backend=backend, unpadded_scoring=unpadded)
+        cfg = cfg_for(tiny_model_dir, "unused", lora_rank=lora_rank, backend=backend, unpadded_scoring=unpadded,
+                      unpadded_prompts=unpadded)
         policy, tok = policy_for(tiny_model_dir, backend, lora_rank, cfg)
         batch = render_pairs(tok, make_pairs(), 256, cfg.max_new_tokens)[:3]
         ps, pt = [s for s, _ in batch], [t for _, t in batch]
         # the cpu backend's rollout carries its sampling prefill (under grad), as a sampled one does
-        state = prefill_module.prefill(policy.model, ps, policy.pad_id) if backend == "cpu" else None
+        state = (prefill_module.prefill(policy.model, ps, policy.pad_id, group_cost=policy._prompt_groups)
+                 if backend == "cpu" else None)
         rollout = Rollout(ps, [[100, 200, 300, 2], [5, 2], [7, 8, 9, 10, 11]], state=state)
         with policy.teacher() as teacher:
             t = teacher.score(pt, rollout, grad=False)
@@ -114,7 +116,9 @@ def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_m
         loss.backward()
         out[backend, unpadded] = (s.logp_NT.detach(), t.logp_NT, {n: p.grad for n, p in
                                                                  policy.model.named_parameters() if p.requires_grad})
-    assert [len(g) for g in groups] == [3, 3]  # grouped: three groups for the teacher and for the student
+    # grouped: the student's and the teacher's prompts (their own lengths), then three response groups for each
+    assert [n for n, _ in groups] == [3, 3, 3, 3] and [len(g) for _, g in groups[2:]] == [3, 3], groups
+    assert all(len(g) > 1 for _, g in groups[:2]), groups
     s_h, t_h, g_h = out["hf", True]
     for key in (("cpu", False), ("cpu", True)):
         s_c, t_c, g_c = out[key]
@@ -146,9 +150,10 @@ def test_pinned_losses_hold_with_either_matmul_kernel(tiny_model_dir, tmp_path, 
     assert json.loads((out / "run.json").read_text())["execution"]["cpu_gemm_kernel"] == kernel
 
 
-def test_pinned_losses_hold_with_unpadded_scoring_off(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("setting", ["unpadded_scoring", "unpadded_prompts"])
+def test_pinned_losses_hold_with_unpadded_runs_off(tiny_model_dir, tmp_path, setting):
     out = tmp_path / "run"
-    train(cfg_for(tiny_model_dir, out, steps=3, unpadded_scoring=False), pairs=make_pairs(), show_progress=False)
+    train(cfg_for(tiny_model_dir, out, steps=3, **{setting: False}), pairs=make_pairs(), show_progress=False)
     assert [round(r["loss"], 5) for r in metrics(out)] == PINNED["cpu"]
 
 

@@ -72,6 +72,8 @@ class ExecConfig:
     teacher_prefix_cache: bool = opt(True, "the teacher keeps its prompts' shared-prefix KV across steps", group=CPU)
     keys_only_last_layer: bool = opt(True, "a prefill runs its last layer in full only at the last position "
                                      "(keys and values elsewhere)", group=CPU)
+    unpadded_prompts: bool = opt(True, "prefills run prompts in groups of similar length, each padded only to its own "
+                                 "longest prompt, instead of padding every row to the longest", group=CPU)
     unpadded_scoring: bool = opt(True, "scoring runs responses in groups of similar length and the LM head on real "
                                  "tokens only, instead of padding every row to the longest response", group=CPU)
     keep_freed_memory: bool = opt(True, "glibc keeps freed pages in the process (process-wide; env "

@@ -12,8 +12,9 @@ Everything is applied here, once, each piece behind its own setting (`config.Exe
   norms.py      RMSNorm / SwiGLU backward passes that keep fewer activations          low_memory_norms
   prefill.py    shared-prefix prefill, last layer keys-only, scoring on a prefill     keys_only_last_layer,
                 (the student's sampling prefill reused for its scoring; the           prefill_reuse,
-                teacher's shared prompt prefix kept across steps; responses           teacher_prefix_cache,
-                scored in length groups)                                              unpadded_scoring
+                teacher's shared prompt prefix kept across steps; prompts and         teacher_prefix_cache,
+                responses run in length groups)                                       unpadded_prompts,
+                                                                                      unpadded_scoring
   logprobs.py   token log-probs from hidden states, streaming the vocabulary          (unpadded_scoring:
                                                                                       real tokens only)
   process.py    glibc keeps freed pages (process-wide)                                keep_freed_memory
@@ -37,7 +38,7 @@ from opct.backends.hf import HFPolicy
 
 SETTINGS = ("cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype", "decode_huge_pages",
             "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "teacher_prefix_cache",
-            "keys_only_last_layer", "unpadded_scoring", "keep_freed_memory", "huge_pages")
+            "keys_only_last_layer", "unpadded_prompts", "unpadded_scoring", "keep_freed_memory", "huge_pages")
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -82,6 +83,7 @@ class CPUPolicy(HFPolicy):
         self.cfg = cfg
         self.reuse_up_to = micro_batch if cfg.prefill_reuse and lora_dropout == 0 and self.frozen.shared else 0
         self.prefix_cache: dict | None = {} if cfg.teacher_prefix_cache else None
+        self._prompt_groups = GROUP_COST_TOKENS if cfg.unpadded_prompts else None  # prefill's group_cost
 
     def describe(self) -> dict:
         return {**super().describe(), "cpu_gemm_kernel": gemm.SETTINGS["kernel"]}  # what cpu_gemm: auto chose
@@ -92,7 +94,8 @@ class CPUPolicy(HFPolicy):
         self.model.eval()  # no dropout either way; eval mode only makes that explicit
         t0 = time.perf_counter()
         with torch.set_grad_enabled(reuse and torch.is_grad_enabled()):
-            pre = prefill(self.model, prompts_N, self.pad_id, keys_only=self.cfg.keys_only_last_layer)
+            pre = prefill(self.model, prompts_N, self.pad_id, keys_only=self.cfg.keys_only_last_layer,
+                          group_cost=self._prompt_groups)
         t1 = time.perf_counter()
         responses = decode(self.model, pre, settings, self.eos_ids, self.pad_id, gen, lean=self.cfg.lean_decoder)
         if not reuse:
@@ -107,7 +110,7 @@ class CPUPolicy(HFPolicy):
             return super()._hidden(prompts_N, rollout, batch, grad)
         if self.is_teacher:  # the same computation as the student's below
             pre = prefill(self.model, prompts_N, self.pad_id, prefix_cache=self.prefix_cache,
-                          keys_only=self.cfg.keys_only_last_layer)
+                          keys_only=self.cfg.keys_only_last_layer, group_cost=self._prompt_groups)
         else:
             assert prompts_N == rollout.prompts, "a kept prefill scores only the prompts it was sampled on"
             pre = rollout.state

@@ -81,7 +81,7 @@ def last_layer_keys_only(model, enabled: bool = True):
 
 
 def prefill(model, prompts: list[list[int]], pad_id: int, min_shared: int = 8, prefix_cache: dict | None = None,
-            keys_only: bool = True) -> Prefill:
+            keys_only: bool = True, group_cost: float | None = None) -> Prefill:
     """Run the prompts, keeping their KV cache. When every prompt starts with the same tokens (a chat template's
     system prompt, a shared instruction), that prefix runs once with batch 1 and its KV is broadcast to every row;
     each row then runs only its own suffix, left-padded *after* the prefix. Positions and the attention mask make
@@ -90,37 +90,67 @@ def prefill(model, prompts: list[list[int]], pad_id: int, min_shared: int = 8, p
 
     `prefix_cache` (a dict owned by the caller, for a model whose weights never change, e.g. the frozen teacher):
     the shared prefix's KV is kept there and reused while the next call's prefix is the same tokens, as a chat
-    template's system prompt is on every step. Used only without grad."""
+    template's system prompt is on every step. Used only without grad.
+
+    `group_cost` (None: one padded batch): the suffixes run in `length_groups`, each left-padded only to its own
+    longest, so that a short prompt does not pay for the longest one's length. Their caches are then laid out as
+    one left-padded batch ([prefix | pads | suffix], the original row order), so the result is used exactly like
+    the one-batch prefill's; every real position is the same computation (up to float rounding)."""
     with last_layer_keys_only(model, keys_only):
-        return _prefill(model, prompts, pad_id, min_shared, prefix_cache)
+        return _prefill(model, prompts, pad_id, min_shared, prefix_cache, group_cost)
 
 
-def _prefill(model, prompts, pad_id, min_shared, prefix_cache) -> Prefill:
+def _prefill(model, prompts, pad_id, min_shared, prefix_cache, group_cost=None) -> Prefill:
     B = len(prompts)
     body, _ = lm_parts(model)
     k = min(common_prefix(prompts), min(map(len, prompts)) - 1) if B > 1 else 0  # every row keeps >= 1 token
     if k < min_shared:
-        ids_BL, mask_BL, pos_BL = left_pad(prompts, pad_id)
-        cache = DynamicCache()
-        out = body(input_ids=ids_BL, attention_mask=mask_BL, position_ids=pos_BL, past_key_values=cache,
-                   use_cache=True)
-        return Prefill(cache, out.last_hidden_state[:, -1], mask_BL, pos_BL[:, -1])
-    ids = tuple(prompts[0][:k])
-    keep = prefix_cache is not None and not torch.is_grad_enabled()
-    if keep and prefix_cache.get("ids") == ids:
-        kv = prefix_cache["kv"]
+        k, kv = 0, None
     else:
-        prefix = body(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
-        kv = [(lay.keys, lay.values) for lay in prefix.layers]
-        if keep:
-            prefix_cache.clear()
-            prefix_cache.update(ids=ids, kv=kv)
-    cache = DynamicCache(ddp_cache_data=[(k_.expand(B, -1, -1, -1), v_.expand(B, -1, -1, -1)) for k_, v_ in kv])
+        ids = tuple(prompts[0][:k])
+        keep = prefix_cache is not None and not torch.is_grad_enabled()
+        if keep and prefix_cache.get("ids") == ids:
+            kv = prefix_cache["kv"]
+        else:
+            prefix = body(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
+            kv = [(lay.keys, lay.values) for lay in prefix.layers]
+            if keep:
+                prefix_cache.clear()
+                prefix_cache.update(ids=ids, kv=kv)
     ids_BS, smask_BS, spos_BS = left_pad([p[k:] for p in prompts], pad_id)
     mask_BL = torch.cat([torch.ones(B, k, dtype=smask_BS.dtype), smask_BS], dim=1)  # [prefix | pads | suffix]
     pos_BS = spos_BS + k
-    out = body(input_ids=ids_BS, attention_mask=mask_BL, position_ids=pos_BS, past_key_values=cache, use_cache=True)
-    return Prefill(cache, out.last_hidden_state[:, -1], mask_BL, pos_BS[:, -1])
+    S = ids_BS.shape[1]
+    groups = [list(range(B))] if group_cost is None else length_groups([len(p) - k for p in prompts], group_cost)
+    caches, last_BH = [], []
+    for g in groups:
+        # Left-padded, a group's rows hold all their tokens in the batch's last S_g columns.
+        S_g = max(len(prompts[i]) - k for i in g)
+        idx, cols = torch.tensor(g), torch.cat([torch.arange(k), torch.arange(k + S - S_g, k + S)])
+        one = len(groups) == 1
+        cache = DynamicCache() if kv is None else DynamicCache(
+            ddp_cache_data=[(k_.expand(len(g), -1, -1, -1), v_.expand(len(g), -1, -1, -1)) for k_, v_ in kv])
+        out = body(input_ids=ids_BS if one else ids_BS[idx, S - S_g:],
+                   attention_mask=mask_BL if one else mask_BL[idx][:, cols],
+                   position_ids=pos_BS if one else pos_BS[idx, S - S_g:], past_key_values=cache, use_cache=True)
+        caches.append((cache, S_g))
+        last_BH.append(out.last_hidden_state[:, -1])
+    if len(groups) == 1:
+        return Prefill(caches[0][0], last_BH[0], mask_BL, pos_BS[:, -1])
+    # Back to one batch in the original row order: each group's cache gets its missing pad columns (zeros, masked
+    # out) between prefix and suffix, then rows are put back where they came from.
+    back = torch.tensor([i for g in groups for i in g]).argsort()
+
+    def merged(parts):
+        padded = [torch.cat([t[:, :, :k], t.new_zeros(t.shape[0], t.shape[1], S - S_g, t.shape[3]), t[:, :, k:]], 2)
+                  for t, S_g in parts]
+        return torch.cat(padded).index_select(0, back)
+
+    layers = zip(*[c.layers for c, _ in caches])
+    cache = DynamicCache(ddp_cache_data=[
+        (merged([(lay.keys, S_g) for lay, (_, S_g) in zip(group_layers, caches)]),
+         merged([(lay.values, S_g) for lay, (_, S_g) in zip(group_layers, caches)])) for group_layers in layers])
+    return Prefill(cache, torch.cat(last_BH).index_select(0, back), mask_BL, pos_BS[:, -1])
 
 
 @torch.inference_mode()  # as no_grad, minus autograd's per-op view/version bookkeeping
