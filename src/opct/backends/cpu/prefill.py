@@ -122,34 +122,31 @@ def _prefill(model, prompts, pad_id, min_shared, prefix_cache, group_cost=None) 
     pos_BS = spos_BS + k
     S = ids_BS.shape[1]
     groups = [list(range(B))] if group_cost is None else length_groups([len(p) - k for p in prompts], group_cost)
-    caches, last_BH = [], []
+    caches, sizes, last_BH = [], [], []
     for g in groups:
         # Left-padded, a group's rows hold all their tokens in the batch's last S_g columns.
         S_g = max(len(prompts[i]) - k for i in g)
         idx, cols = torch.tensor(g), torch.cat([torch.arange(k), torch.arange(k + S - S_g, k + S)])
-        one = len(groups) == 1
         cache = DynamicCache() if kv is None else DynamicCache(
             ddp_cache_data=[(k_.expand(len(g), -1, -1, -1), v_.expand(len(g), -1, -1, -1)) for k_, v_ in kv])
-        out = body(input_ids=ids_BS if one else ids_BS[idx, S - S_g:],
-                   attention_mask=mask_BL if one else mask_BL[idx][:, cols],
-                   position_ids=pos_BS if one else pos_BS[idx, S - S_g:], past_key_values=cache, use_cache=True)
-        caches.append((cache, S_g))
+        out = body(input_ids=ids_BS[idx, S - S_g:], attention_mask=mask_BL[idx][:, cols],
+                   position_ids=pos_BS[idx, S - S_g:], past_key_values=cache, use_cache=True)
+        caches.append(cache)
+        sizes.append(S_g)
         last_BH.append(out.last_hidden_state[:, -1])
-    if len(groups) == 1:
-        return Prefill(caches[0][0], last_BH[0], mask_BL, pos_BS[:, -1])
+    if len(groups) == 1:  # rows in their order, padded to S: the cache is the batch's as it is
+        return Prefill(caches[0], last_BH[0], mask_BL, pos_BS[:, -1])
     # Back to one batch in the original row order: each group's cache gets its missing pad columns (zeros, masked
     # out) between prefix and suffix, then rows are put back where they came from.
     back = torch.tensor([i for g in groups for i in g]).argsort()
 
-    def merged(parts):
-        padded = [torch.cat([t[:, :, :k], t.new_zeros(t.shape[0], t.shape[1], S - S_g, t.shape[3]), t[:, :, k:]], 2)
-                  for t, S_g in parts]
-        return torch.cat(padded).index_select(0, back)
+    def one_batch(parts_gKLD):  # one layer's keys (or values), a tensor per group
+        return torch.cat([torch.cat([t[:, :, :k], t.new_zeros(*t.shape[:2], S - S_g, t.shape[3]), t[:, :, k:]], 2)
+                          for t, S_g in zip(parts_gKLD, sizes)]).index_select(0, back)
 
-    layers = zip(*[c.layers for c, _ in caches])
-    cache = DynamicCache(ddp_cache_data=[
-        (merged([(lay.keys, S_g) for lay, (_, S_g) in zip(group_layers, caches)]),
-         merged([(lay.values, S_g) for lay, (_, S_g) in zip(group_layers, caches)])) for group_layers in layers])
+    cache = DynamicCache(ddp_cache_data=[(one_batch([lay.keys for lay in group_layers]),
+                                          one_batch([lay.values for lay in group_layers]))
+                                         for group_layers in zip(*[c.layers for c in caches])])
     return Prefill(cache, torch.cat(last_BH).index_select(0, back), mask_BL, pos_BS[:, -1])
 
 
