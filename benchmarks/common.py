@@ -249,6 +249,19 @@ def peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+def gpu_memory(device: str) -> dict:
+    """On a CUDA device: its name and the peak memory PyTorch's allocator held on it (allocated, and reserved by the
+    caching allocator), in MB; {} on the CPU. Peak RSS alone says little there: the weights live on the GPU."""
+    import torch
+
+    if not str(device).startswith("cuda"):
+        return {}
+    dev = torch.device(device)
+    return {"gpu": torch.cuda.get_device_name(dev),
+            "peak_gpu_mb": torch.cuda.max_memory_allocated(dev) / 2**20,
+            "peak_gpu_reserved_mb": torch.cuda.max_memory_reserved(dev) / 2**20}
+
+
 def median(xs) -> float:
     xs = sorted(xs)
     if not xs:

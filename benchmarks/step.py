@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import machine, peak_rss_mb, prompt_summary, teacher_messages, workload_prompts  # noqa: E402
+from common import gpu_memory, machine, peak_rss_mb, prompt_summary, teacher_messages, workload_prompts  # noqa: E402
 
 
 def children_peak_rss_mb() -> float:
@@ -74,7 +74,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured first steps")
     p.add_argument("--threads", type=int, default=0, help="0 = opct's default policy (auto: the free cores)")
     p.add_argument("--loss", default="sampled")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "hf"], help="opct's execution backend")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the cpu backend runs on the CPU only)")
+    p.add_argument("--backend", default=None, choices=["cpu", "hf"],
+                   help="opct's execution backend (default: cpu on the CPU, hf on a GPU)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
@@ -85,6 +87,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="picks the workload's prompts and seeds the run (as trl_step.py's --seed does TRL's)")
     a = p.parse_args()
+    a.backend = a.backend or ("cpu" if a.device == "cpu" else "hf")
 
     import torch
 
@@ -96,7 +99,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         cfg = step_config(os.path.join(d, "run"), a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank,
                           loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
-                          decode_dtype=a.decode_dtype, seed=a.seed)
+                          decode_dtype=a.decode_dtype, seed=a.seed, device=a.device)
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0
@@ -125,13 +128,14 @@ def main() -> None:
         # (never under vLLM: the student's prompt forward then runs in `student`)
         "student_prompt_forward_in_sample": a.lora_rank > 0 and a.backend == "cpu" and not vllm,
         "peak_rss_mb": self_rss + child_rss if vllm else self_rss,
+        **gpu_memory(a.device),
         "peak_rss_self_mb": self_rss, "peak_rss_children_mb": child_rss,
         "wall_s_including_load": wall,
         "prompts": prompt_summary(prompt_info),
         "config": {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "lora_rank": a.lora_rank,
                    "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "loss": a.loss,
                    "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler,
-                   "decode_dtype": a.decode_dtype, "seed": a.seed},
+                   "decode_dtype": a.decode_dtype, "seed": a.seed, "device": a.device},
         "versions": {"torch": torch.__version__},
         "machine": machine(),
     }

@@ -6,7 +6,7 @@
 Prints one JSON line. Configuration (the issue's peer): `distillation_mode="sampled_token"`,
 `distillation_alpha=1.0`, `teacher_model_kind="base"` (LoRA: the same module with the adapter disabled;
 full fine-tune, `--lora-rank 0`: a second frozen copy), LoRA r=32 on all linear layers, temperature 1.0,
-top_p 1.0, top_k 0 (off), fp32 on CPU, `num_generations=1`, one optimizer step per generation.
+top_p 1.0, top_k 0 (off), fp32 on the CPU (`--device cuda`: on the GPU), `num_generations=1`, one optimizer step per generation.
 
 The teacher prompt is TRL's default template "{prompt}\\n\\n{privileged_context}" over the same student
 prompt opct samples from, plus a short privileged context (`common.workload_prompts`: by default the ~70-token
@@ -47,7 +47,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, median, peak_rss_mb, prompt_summary, workload_prompts  # noqa: E402
+from common import gpu_memory, machine, median, peak_rss_mb, prompt_summary, workload_prompts  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -62,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu (use_cpu=True), or cuda: the trainer's accelerator places the model on the GPU")
     return p.parse_args(argv)
 
 
@@ -110,7 +112,7 @@ def main(argv=None):
     out_dir = tempfile.mkdtemp(prefix="trl_step_")
     config = SDFTConfig(
         output_dir=out_dir,
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         bf16=False,
         fp16=False,
         gradient_checkpointing=args.gradient_checkpointing,
@@ -210,6 +212,7 @@ def main(argv=None):
         "phases_s": phases_s,
         "steps_phases_s": phases_m,
         "peak_rss_mb": peak_rss_mb(),
+        **gpu_memory(args.device),
         **token_means,
         "decode_s_per_token": median([p.get("generate", 0.0) / max(t["decode_steps"], 1)
                                       for p, t in zip(phases_m, tokens_m)]),
@@ -238,6 +241,7 @@ def main(argv=None):
                            "top_k": gen.top_k, "min_p": gen.min_p, "max_new_tokens": gen.max_new_tokens},
             "dtype": str(next(trainer.model.parameters()).dtype),
             "torch_threads": torch.get_num_threads(),
+            "device": str(next(trainer.model.parameters()).device),
         },
         "versions": {"trl": trl.__version__, "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__,

@@ -190,6 +190,8 @@ def pool_runs(runs: list[dict]) -> dict | None:
         "steps_s": steps,
         "phases_s": {k: median([r["phases_s"][k] for r in ok if k in r["phases_s"]]) for k in phase_names},
         "peak_rss_mb": max(r["peak_rss_mb"] for r in ok),
+        **({"peak_gpu_mb": max(r["peak_gpu_mb"] for r in ok), "gpu": ok[0].get("gpu")}
+           if all("peak_gpu_mb" in r for r in ok) else {}),
         "runs": len(ok),
         "others_busy_cores": [r.get("others_busy_cores") for r in ok],
     }
@@ -357,6 +359,7 @@ def compare(runs: dict[str, list[dict]], bounds: dict, rank: int) -> dict:
         "opct": opct,
         "trl": trl,
         "ratio": {"step_time": ratio(opct, trl, "median_step_s"), "peak_rss": ratio(opct, trl, "peak_rss_mb"),
+                  "peak_gpu": ratio(opct, trl, "peak_gpu_mb"),
                   "step_time_spread": ratio_spread(runs.get("opct", []), runs.get("trl", [])),
                   "decode_s_per_token": ratio(opct, trl, "decode_s_per_token")},
     }
@@ -409,6 +412,9 @@ def main(argv=None):
                    help="with --vary-seed, round r runs seed K + r: a further run adds new draws to pool")
     p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="opct's decode_dtype (bfloat16: opct samples on bfloat16 weight copies; TRL stays float32)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where both sides run (cuda: opct's hf backend and TRL on the first GPU, peak GPU memory "
+                        "reported and compared; the CPU bounds are skipped)")
     p.add_argument("--trl-huge-pages", action="store_true",
                    help="give only TRL's process PyTorch's huge-page allocator (THP_MEM_ALLOC_ENABLE=1; opct's "
                         "default is off): each side at its faster setting")
@@ -428,7 +434,7 @@ def main(argv=None):
         for rank in ranks:
             flags = ["--model", args.model, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
                      "--lora-rank", str(rank), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            flags += workload_flags(args.prompt_tokens)
+            flags += workload_flags(args.prompt_tokens) + ["--device", args.device]
             flags += ["--seed", str(args.first_seed + r)] if args.vary_seed else []
             # Swap who goes first every round, so neither side always runs on a just-warmed (or tired) machine.
             for side in sides if r % 2 == 0 else sides[::-1]:
@@ -441,8 +447,8 @@ def main(argv=None):
                       f" others_busy_cores={result.get('others_busy_cores')}"
                       f"{' ERROR ' + result['error'] if 'error' in result else ''}", file=sys.stderr, flush=True)
 
-    if args.no_bounds:
-        bounds = {"error": "skipped (--no-bounds)"}
+    if args.no_bounds or args.device != "cpu":
+        bounds = {"error": "skipped (" + ("--no-bounds" if args.no_bounds else "bounds.py measures the CPU") + ")"}
     else:
         print("[vs_trl] bounds ...", file=sys.stderr, flush=True)
         wait_idle(args.wait_idle)

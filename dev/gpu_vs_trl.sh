@@ -1,0 +1,39 @@
+#!/bin/bash
+# opct vs TRL 1.16 SDFTTrainer on a lent GPU machine (the `device` tool), issue 22 acceptance 6.
+#
+# The machine is bare and offline and takes 64 MiB of files, so what it needs travels in .gpu/ (git-ignored):
+#   .gpu/whl/         wheels the image lacks or has at other versions: trl 1.16.0, datasets 5.2.0 (+ dill,
+#                     multiprocess), transformers 5.23.0, peft 0.21.2, regex (the pinned versions; torch is the image's)
+#   .gpu/cache/wheels the jailbreak data wheels (pyrit, gptfuzzer) that common.length_prompts reads
+#   .gpu/like/M/      each model's config and tokenizer, without weights (2.5 GB for the 0.5B model cannot travel):
+#                     benchmarks/random_weights.py builds a seeded random-weight copy there (see its docstring)
+# Run from the repo root: bash dev/gpu_vs_trl.sh; results land in $OUT (default /tmp/gpu-out).
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+    || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 OPCT_CACHE=$PWD/.gpu/cache HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, peft, trl, datasets, pyarrow, accelerate
+print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, datasets, pyarrow, accelerate)})" || exit 1
+for m in qwen smol; do
+    cp -r ".gpu/like/$m" "/tmp/like-$m" && gunzip "/tmp/like-$m/tokenizer.json.gz" \
+        && python3 benchmarks/random_weights.py --like "/tmp/like-$m" --out "/tmp/$m" 2>/dev/null || exit 1
+done
+# The GPU tests (CUDA graph decode against launch-by-launch; training on cuda), then the new axes' configuration (acceptance 1's flags), then the original SmolLM2 one; each summary is written when
+# its run ends, so a run cut short still returns the first.
+python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_static_decode.py tests/test_devices.py 2>&1 | tail -5
+python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
+    --lora-rank 32 --rounds 2 --steps 3 --warmup 1 --vary-seed --out "$OUT/vs_trl-gpu-qwen05b-random.json" >/dev/null \
+    || exit 1
+[ "$SECONDS" -lt "${SMOL_BEFORE_S:-1000000}" ] && python3 benchmarks/vs_trl.py --model /tmp/smol --device cuda --batch 8 --max-new-tokens 32 \
+    --lora-rank 32 --rounds 2 --steps 3 --warmup 1 --vary-seed --out "$OUT/vs_trl-gpu-smollm2-random.json" >/dev/null
+python3 - "$OUT" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/vs_trl-gpu-*.json")):
+    c = json.load(open(f))["configs"]["lora_r32"]
+    sides = {k: {x: c[k].get(x) for x in ("median_step_s", "phases_s", "peak_gpu_mb", "peak_rss_mb", "response_tokens",
+                                          "decode_s_per_token", "errors")} for k in ("opct", "trl") if c.get(k)}
+    print(f, json.dumps({"ratio": {k: v for k, v in c["ratio"].items()}, **sides}, default=str)[:3000])
+PY
