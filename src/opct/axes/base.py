@@ -107,7 +107,8 @@ def generate(model, tok, chats: list[list[dict]], cfg, max_new_tokens: int, temp
     """One response per chat (messages rendered with the chat template and its generation prompt), decoded to
     text without special tokens. Greedy by default. Chats are run in batches of similar prompt length; the
     output is in input order. `cfg` gives the execution settings (backend, lean decoder); with the cpu backend
-    the prompts go through the CPU prefill and lean decoder, otherwise through the model's own forward."""
+    the prompts go through the CPU prefill and lean decoder, otherwise through the model's own forward
+    (`backends.hf.generate`: on a CUDA GPU, decode steps replayed as CUDA graphs unless cuda_graphs is off)."""
     from opct.backends import resolve
     from opct.backends.sampling import SamplingSettings
     from opct.data.pairs import render_prompt
@@ -132,34 +133,14 @@ def generate(model, tok, chats: list[list[dict]], cfg, max_new_tokens: int, temp
             responses = decode(model, prefill(model, prompts, pad, keys_only=cfg.keys_only_last_layer), settings,
                                eos, pad, gen, lean=cfg.lean_decoder)
         else:
-            responses = _hf_generate(model, prompts, settings, eos, pad, gen)
+            from opct.backends.hf import generate as hf_generate
+
+            responses = hf_generate(model, prompts, settings, eos, pad, gen,
+                                    cuda_graphs=getattr(cfg, "cuda_graphs", False))
         for i, r in zip(rows, responses):
             out[i] = tok.decode(r, skip_special_tokens=True).strip()
     model.train(was_training)
     return out  # type: ignore[return-value]
-
-
-def _hf_generate(model, prompts: list[list[int]], settings, eos: set[int], pad: int, gen) -> list[list[int]]:
-    """The hf backend's sampling loop (as HFPolicy samples) on a plain model: left-padded prefill, KV cache."""
-    from transformers import DynamicCache
-
-    from opct.backends.batching import left_pad
-    from opct.backends.sampling import decode_loop
-
-    device = next(model.parameters()).device
-    ids_NL, mask_NL, pos_NL = left_pad(prompts, pad, device)
-    cache = DynamicCache()
-    o = model(input_ids=ids_NL, attention_mask=mask_NL, position_ids=pos_NL, past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
-    state = {"mask": mask_NL, "pos": pos_NL[:, -1]}
-
-    def step(tok_N, i):
-        state["pos"] = state["pos"] + 1
-        state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((len(prompts), 1))], dim=1)
-        return model(input_ids=tok_N[:, None], attention_mask=state["mask"], position_ids=state["pos"][:, None],
-                     past_key_values=cache, use_cache=True).logits[:, -1]
-
-    return decode_loop(o.logits[:, -1], step, settings, eos, pad, gen)
 
 
 def is_cell(x) -> bool:

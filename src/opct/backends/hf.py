@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from opct.algo.losses import token_logprobs
+from opct.backends import static_decode
 from opct.backends.base import Policy, Rollout, Scores
 from opct.backends.batching import Batch, build_batch, left_pad
 from opct.backends.sampling import SamplingSettings, decode_loop
@@ -80,11 +81,42 @@ def chunked_token_logprobs(logits_fn, hidden_NTH: torch.Tensor, tokens_NT: torch
     return torch.cat(parts).view(N, T)
 
 
+def generate(model, prompts_N: list[list[int]], settings: SamplingSettings, eos_ids: set[int], pad_id: int, gen,
+             cuda_graphs: bool = False, lm=None) -> list[list[int]]:
+    """Sample a response to each prompt: one left-padded prefill, then `decode_loop` over a KV cache. With
+    `cuda_graphs` on a CUDA device, for a model static_decode supports: a static cache, each decode step one
+    replayed CUDA graph; otherwise transformers' dynamic cache. `lm` runs the forward (default `model`; a training
+    step's data-parallel wrapper). Call under no_grad."""
+    device = next(model.parameters()).device
+    ids_NL, mask_NL, pos_NL = left_pad(prompts_N, pad_id, device)
+    if cuda_graphs and device.type == "cuda" and static_decode.unsupported_reason(model) is None:
+        dtype = unwrap(model).get_input_embeddings().weight.dtype
+        first_NV, step = static_decode.prefill(model, unwrap(model).config, ids_NL, mask_NL, pos_NL,
+                                               settings.max_new_tokens, dtype, graphs=True)
+        return decode_loop(first_NV, step, settings, eos_ids, pad_id, gen)
+    lm = model if lm is None else lm
+    cache = DynamicCache()
+    out = lm(input_ids=ids_NL, attention_mask=mask_NL, position_ids=pos_NL, past_key_values=cache, use_cache=True,
+             logits_to_keep=1)
+    state = {"mask": mask_NL, "pos": pos_NL[:, -1]}
+
+    def step(tok_N, i):
+        state["pos"] = state["pos"] + 1
+        state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((len(prompts_N), 1))], dim=1)
+        o = lm(input_ids=tok_N[:, None], attention_mask=state["mask"], position_ids=state["pos"][:, None],
+               past_key_values=cache, use_cache=True)
+        return o.logits[:, -1]
+
+    return decode_loop(out.logits[:, -1], step, settings, eos_ids, pad_id, gen)
+
+
 class HFPolicy(Policy):
     name = "hf"
 
-    def __init__(self, model, tok, eos_ids: set[int]):
+    def __init__(self, model, tok, eos_ids: set[int], cuda_graphs: bool = False):
         self.model, self.tok, self.eos_ids = model, tok, set(eos_ids)
+        # Decode over a static KV cache, each step one replayed CUDA graph (static_decode.py), where it applies.
+        self.cuda_graphs = cuda_graphs and static_decode.unsupported_reason(model) is None
         self.pad_id = tok.pad_token_id
         self.device = next(model.parameters()).device
         self.frozen = Teacher(model)  # before any update: the frozen initial model
@@ -126,21 +158,10 @@ class HFPolicy(Policy):
     # -- what subclasses change ------------------------------------------------------------------------------------
 
     def _generate(self, prompts_N, settings, gen) -> list[list[int]]:
-        ids_NL, mask_NL, pos_NL = left_pad(prompts_N, self.pad_id, self.device)
-        cache = DynamicCache()
         lm = self.model if self.replica is None else lambda **kw: self.replica(part="lm", **kw)
-        out = lm(input_ids=ids_NL, attention_mask=mask_NL, position_ids=pos_NL, past_key_values=cache,
-                 use_cache=True, logits_to_keep=1)
-        state = {"mask": mask_NL, "pos": pos_NL[:, -1]}
-
-        def step(tok_N, i):
-            state["pos"] = state["pos"] + 1
-            state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((len(prompts_N), 1))], dim=1)
-            o = lm(input_ids=tok_N[:, None], attention_mask=state["mask"], position_ids=state["pos"][:, None],
-                   past_key_values=cache, use_cache=True)
-            return o.logits[:, -1]
-
-        return decode_loop(out.logits[:, -1], step, settings, self.eos_ids, self.pad_id, gen)
+        # CUDA graphs only outside data parallelism: a DDP / FSDP2 forward runs collectives and hooks of its own.
+        return generate(self.model, prompts_N, settings, self.eos_ids, self.pad_id, gen,
+                        cuda_graphs=self.cuda_graphs and self.replica is None, lm=lm)
 
     def _hidden(self, prompts_N, rollout, batch: Batch, grad: bool) -> torch.Tensor:
         if grad:

@@ -53,7 +53,7 @@ RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "thread
              "device", "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype",
              "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "teacher_prefix_cache",
              "keys_only_last_layer", "unpadded_prompts", "unpadded_scoring", "keep_freed_memory", "huge_pages",
-             "vllm_gpu_memory", "vllm_kv_cache_gib"}
+             "vllm_gpu_memory", "vllm_kv_cache_gib", "cuda_graphs"}
 
 
 def check_out_dir(cfg: RunConfig) -> Path:
