@@ -264,3 +264,48 @@ def test_first_seed_without_vary_seed_is_an_error(mods, capsys):
     with pytest.raises(SystemExit) as e:
         mods["vs_trl"].main(["--first-seed", "2", "--no-bounds"])
     assert e.value.code == 2 and "--first-seed needs --vary-seed" in capsys.readouterr().err
+
+
+def test_device_reaches_both_sides_and_gpu_memory_is_compared(mods, tmp_path, monkeypatch):
+    vs = mods["vs_trl"]
+    calls = []
+
+    def fake_run_side(side, flags, contention=False, threads=None):
+        calls.append(flags[flags.index("--device") + 1])
+        gpu_mb = 200.0 if side.name == "opct" else 400.0
+        return {"steps_s": [1.0], "peak_rss_mb": 1.0, "phases_s": {}, "peak_gpu_mb": gpu_mb, "gpu": "G"}
+
+    monkeypatch.setattr(vs, "run_side", fake_run_side)
+    monkeypatch.setattr(vs, "run_json", lambda *a, **k: pytest.fail("bounds.py measures the CPU: not run for cuda"))
+    step = tmp_path / "step.py"
+    step.write_text("")
+    vs.main(["--rounds", "1", "--device", "cuda", "--opct-step", str(step), "--out", str(tmp_path / "s.json")])
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert calls == ["cuda", "cuda"] and "measures the CPU" in summary["bounds"]["error"]
+    config = summary["configs"]["lora_r32"]
+    assert config["ratio"]["peak_gpu"] == 0.5 and config["opct"]["gpu"] == "G"
+
+
+def test_random_weights_keep_the_architecture_and_tokenizer(tiny_model_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    (tmp_path / "like").mkdir()
+    for f in tiny_model_dir.iterdir():  # only the small files travel: no weights in --like
+        if not f.name.endswith(".safetensors"):
+            (tmp_path / "like" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "like" / "opct-source.json").write_text("{}")
+    out = load("random_weights").make(str(tmp_path / "like"), str(tmp_path / "out"), seed=3)
+    def config(d):
+        return {k: v for k, v in AutoConfig.from_pretrained(d).to_dict().items() if k != "_name_or_path"}
+    assert config(out) == config(tiny_model_dir)
+    assert (out / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+    assert not (out / "opct-source.json").exists()  # the real weights' provenance does not describe these
+    real, rand = load_file(tiny_model_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    assert real.keys() == rand.keys() and all(real[k].shape == rand[k].shape for k in real)
+    assert not torch.equal(real["model.embed_tokens.weight"], rand["model.embed_tokens.weight"])
+    again = load("random_weights").make(str(tmp_path / "like"), str(tmp_path / "again"), seed=3)
+    assert torch.equal(load_file(again / "model.safetensors")["model.embed_tokens.weight"],
+                       rand["model.embed_tokens.weight"])
+    assert json.loads((out / "opct-random-weights.json").read_text())["seed"] == 3
