@@ -107,3 +107,29 @@ def test_cuda_graph_decode_gives_the_launch_by_launch_logits_and_tokens(tiny_mod
             if "lora_B" in n:
                 p.mul_(-1.0)
     assert torch.allclose(policy_logits(graphs, monkeypatch), policy_logits(plain, monkeypatch), atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_mask_leaves_no_row_fully_masked(tiny_model_dir):
+    """Real positions see exactly their row's earlier real positions; a pad position sees only itself, so no row of
+    the mask is all minimum (a fully masked softmax can give NaN in float16, and NaN keys at pad positions would
+    reach the real rows)."""
+    from opct.models import load_model
+
+    model, tok = load_model(str(tiny_model_dir), device="cpu", dtype=torch.float16)
+    seen = []
+
+    def lm(**kw):
+        seen.append(kw["attention_mask"])
+        return model(**kw)
+
+    ids_NL, mask_NL, pos_NL = left_pad(PROMPTS, tok.pad_token_id)
+    with torch.no_grad():
+        first_NV, _ = static_decode.prefill(lm, model.config, ids_NL, mask_NL, pos_NL, 3, torch.float16, False)
+    open_NLS = seen[0][:, 0] == 0
+    N, L = ids_NL.shape
+    assert open_NLS.shape == (N, L, L + 3) and open_NLS.any(-1).all()
+    real_NL = mask_NL.bool()
+    q, k = torch.arange(L)[:, None], torch.arange(L + 3)[None, :]
+    want_NLS = (k <= q)[None] & torch.cat([real_NL, torch.zeros(N, 3, dtype=torch.bool)], 1)[:, None, :]
+    want_NLS |= (~real_NL)[:, :, None] & (k == q)[None]
+    assert torch.equal(open_NLS, want_NLS) and torch.isfinite(first_NV).all()
