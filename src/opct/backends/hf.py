@@ -115,8 +115,8 @@ class HFPolicy(Policy):
 
     def __init__(self, model, tok, eos_ids: set[int], cuda_graphs: bool = False):
         self.model, self.tok, self.eos_ids = model, tok, set(eos_ids)
-        # Decode over a static KV cache, each step one replayed CUDA graph (static_decode.py), where it applies.
-        self.cuda_graphs = cuda_graphs and static_decode.unsupported_reason(model) is None
+        # On CUDA, decode over a static KV cache, each step one replayed CUDA graph, where `generate` finds it applies.
+        self.cuda_graphs = cuda_graphs
         self.pad_id = tok.pad_token_id
         self.device = next(model.parameters()).device
         self.frozen = Teacher(model)  # before any update: the frozen initial model

@@ -52,11 +52,10 @@ def prefill(lm, config, ids_NL, mask_NL, pos_NL, max_new_tokens: int, dtype: tor
     cache = StaticCache(config=config, max_cache_len=S)
     keys_NS = torch.zeros(N, S, dtype=torch.bool, device=dev)
     keys_NS[:, :L] = mask_NL.bool()
-    causal_LS = torch.arange(S, device=dev)[None, :] <= torch.arange(L, device=dev)[:, None]
+    q_L1, k_1S = torch.arange(L, device=dev)[:, None], torch.arange(S, device=dev)[None, :]
     # A pad position attends to itself: a fully masked row's softmax can be NaN (in float16 the additive minimum
     # plus a score overflows to -inf), and NaN keys or values at pad positions reach real rows (NaN plus a mask is NaN).
-    self_LS = torch.arange(S, device=dev)[None, :] == torch.arange(L, device=dev)[:, None]
-    allowed_N1LS = ((causal_LS[None] & keys_NS[:, None, :]) | self_LS[None])[:, None]
+    allowed_N1LS = (((k_1S <= q_L1)[None] & keys_NS[:, None, :]) | (k_1S == q_L1)[None])[:, None]
     mask_N1LS = torch.zeros(allowed_N1LS.shape, dtype=dtype, device=dev).masked_fill_(~allowed_N1LS, neg)
     out = lm(input_ids=ids_NL, attention_mask=mask_N1LS, position_ids=pos_NL, past_key_values=cache,
              use_cache=True, logits_to_keep=1)
