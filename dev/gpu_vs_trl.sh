@@ -38,6 +38,9 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 OPCT_CACHE=$PWD/.gpu/cac
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, peft, trl, datasets, pyarrow, accelerate
 print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, datasets, pyarrow, accelerate)})" || exit 1
+# vLLM's wheel (320 MiB) cannot travel: whether the image has one decides if TRL + vLLM could be measured here
+python3 -c "import vllm; print('vllm', vllm.__version__, 'is on the image')" 2>/dev/null \
+    || echo "no vllm on the image: TRL + vLLM and opct's vLLM sampler cannot be measured on it"
 for m in qwen smol; do
     cp -r ".gpu/like/$m" "/tmp/like-$m" && gunzip "/tmp/like-$m/tokenizer.json.gz" \
         && python3 benchmarks/random_weights.py --like "/tmp/like-$m" --out "/tmp/$m" 2>/dev/null || exit 1

@@ -127,6 +127,46 @@ def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_m
             assert (g_h[n] - g_c[n]).norm() <= 1e-4 * g_h[n].norm() + 1e-6, (key, n)
 
 
+def test_a_rollout_sampled_elsewhere_is_scored_as_a_kept_prefill_is(tiny_model_dir, monkeypatch):
+    """With `prefill_scoring`, a rollout that carries no sampling prefill (vLLM's, a micro-batch) gets one at scoring
+    time: the student's log-probs and gradients are bit for bit those of a rollout whose prefill was kept, the
+    teacher's are the same computation either way; with the setting off, both run one padded forward (equal to
+    rounding)."""
+    import importlib
+
+    prefill_module = importlib.import_module("opct.backends.cpu.prefill")
+    calls = []
+    real = prefill_module.prefill
+    monkeypatch.setattr(importlib.import_module("opct.backends.cpu"), "prefill",
+                        lambda *a, **kw: calls.append(torch.is_grad_enabled()) or real(*a, **kw))
+    out = {}
+    for name, kept, on in (("kept", True, True), ("elsewhere", False, True), ("off", False, False)):
+        cfg = cfg_for(tiny_model_dir, "unused", prefill_scoring=on)
+        policy, tok = policy_for(tiny_model_dir, "cpu", 4, cfg)
+        batch = render_pairs(tok, make_pairs(), 256, cfg.max_new_tokens)[:3]
+        ps, pt = [s for s, _ in batch], [t for _, t in batch]
+        state = real(policy.model, ps, policy.pad_id, group_cost=policy._prompt_groups) if kept else None
+        rollout = Rollout(ps, [[100, 200, 300, 2], [5, 2], [7, 8, 9, 10, 11]], state=state)
+        calls.clear()
+        with policy.teacher() as teacher:
+            t = teacher.score(pt, rollout, grad=False)
+        s = policy.score(ps, rollout, grad=True)
+        from opct.algo.losses import sampled_token_loss
+
+        sampled_token_loss(s.logp_NT, t.logp_NT, s.mask_NT)[0].backward()
+        out[name] = (s.logp_NT.detach(), t.logp_NT, calls[:],
+                     {n: p.grad for n, p in policy.model.named_parameters() if p.requires_grad})
+    # teacher, then student: a prefill each where none was kept, under grad for the student's
+    assert out["kept"][2] == [False] and out["elsewhere"][2] == [False, True] and out["off"][2] == []
+    s_k, t_k, _, g_k = out["kept"]
+    s_e, t_e, _, g_e = out["elsewhere"]
+    assert torch.equal(s_k, s_e) and torch.equal(t_k, t_e)
+    assert all(torch.equal(g_k[n], g_e[n]) for n in g_k)
+    s_o, t_o, _, g_o = out["off"]
+    assert torch.allclose(s_k, s_o, atol=1e-4) and torch.allclose(t_k, t_o, atol=1e-4)
+    assert all((g_k[n] - g_o[n]).norm() <= 1e-4 * g_k[n].norm() + 1e-6 for n in g_k)
+
+
 # Per-step loss of a 3-step run (tiny model, LoRA r=4, fixed seed), pinned per backend: a refactor that changes
 # what either backend computes shows here. On this model the two backends' rounding differences are too small to
 # change a sampled token, so they sample the same tokens and agree to the digits pinned.

@@ -51,7 +51,8 @@ def seed_everything(seed: int) -> None:
 # Settings a resumed run may change; any other difference from the run's config.yaml is refused.
 RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite",
              "device", "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype",
-             "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "teacher_prefix_cache",
+             "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "prefill_scoring",
+             "teacher_prefix_cache",
              "keys_only_last_layer", "unpadded_prompts", "unpadded_scoring", "keep_freed_memory", "huge_pages",
              "vllm_gpu_memory", "vllm_kv_cache_gib", "cuda_graphs"}
 

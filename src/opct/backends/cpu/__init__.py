@@ -11,9 +11,10 @@ Everything is applied here, once, each piece behind its own setting (`config.Exe
   lora.py       one autograd node per LoRA linear                                     lora_node
   norms.py      RMSNorm / SwiGLU backward passes that keep fewer activations          low_memory_norms
   prefill.py    shared-prefix prefill, last layer keys-only, scoring on a prefill     keys_only_last_layer,
-                (the student's sampling prefill reused for its scoring; the           prefill_reuse,
-                teacher's shared prompt prefix kept across steps; prompts and         teacher_prefix_cache,
-                responses run in length groups)                                       unpadded_prompts,
+                (the student's sampling prefill reused for its scoring; other         prefill_reuse,
+                rollouts scored on a prefill too; the teacher's shared prompt         prefill_scoring,
+                prefix kept across steps; prompts and responses run in length         teacher_prefix_cache,
+                groups)                                                               unpadded_prompts,
                                                                                       unpadded_scoring
   logprobs.py   token log-probs from hidden states, streaming the vocabulary          (unpadded_scoring:
                                                                                       real tokens only)
@@ -37,7 +38,8 @@ from opct.backends.cpu.prefill import GROUP_COST_TOKENS, decode, prefill, respon
 from opct.backends.hf import HFPolicy
 
 SETTINGS = ("cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype", "decode_huge_pages",
-            "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "teacher_prefix_cache",
+            "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "prefill_scoring",
+            "teacher_prefix_cache",
             "keys_only_last_layer", "unpadded_prompts", "unpadded_scoring", "keep_freed_memory", "huge_pages")
 
 
@@ -73,8 +75,10 @@ class CPUPolicy(HFPolicy):
     """`hf`'s policy with the kernels above. Sampling prefills the prompts (sharing their common prefix) and
     decodes through the lean decoder. When a rollout is scored whole (one micro-batch) and the teacher is the same
     module with LoRA disabled, the sampling prefill runs under grad and the student's scoring runs only the
-    response tokens on its KV cache; the teacher then scores the same way (prefill + responses, its shared prompt
-    prefix kept across steps), so identical prompts still give bit-identical log-probs."""
+    response tokens on its KV cache. Other rollouts (sampled by vLLM, or a micro-batch of a larger step) are scored
+    the same way with a prefill run at scoring time (`prefill_scoring`). The teacher always scores as the student
+    does (prefill + responses, its shared prompt prefix kept across steps), so identical prompts still give
+    bit-identical log-probs."""
     name = "cpu"
 
     def __init__(self, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30, lora_dropout: float = 0.0):
@@ -82,6 +86,7 @@ class CPUPolicy(HFPolicy):
         super().__init__(model, tok, eos_ids)
         self.cfg = cfg
         self.reuse_up_to = micro_batch if cfg.prefill_reuse and lora_dropout == 0 and self.frozen.shared else 0
+        self.prefill_scoring = cfg.prefill_scoring and lora_dropout == 0 and self.frozen.shared
         self.prefix_cache: dict | None = {} if cfg.teacher_prefix_cache else None
         self._prompt_groups = GROUP_COST_TOKENS if cfg.unpadded_prompts else None  # prefill's group_cost
 
@@ -106,11 +111,16 @@ class CPUPolicy(HFPolicy):
                        state=pre if reuse else None)
 
     def _hidden(self, prompts_N, rollout, batch, grad: bool) -> torch.Tensor:
-        if rollout.state is None:
+        if rollout.state is None and not self.prefill_scoring:
             return super()._hidden(prompts_N, rollout, batch, grad)
         if self.is_teacher:  # the same computation as the student's below
             pre = prefill(self.model, prompts_N, self.pad_id, prefix_cache=self.prefix_cache,
                           keys_only=self.cfg.keys_only_last_layer, group_cost=self._prompt_groups)
+        elif rollout.state is None:  # sampled elsewhere, or a micro-batch: the sampling path's prefill, run now
+            if grad:
+                self.model.train()
+            pre = prefill(self.model, prompts_N, self.pad_id, keys_only=self.cfg.keys_only_last_layer,
+                          group_cost=self._prompt_groups)
         else:
             assert prompts_N == rollout.prompts, "a kept prefill scores only the prompts it was sampled on"
             pre = rollout.state
