@@ -71,10 +71,10 @@ class ExecConfig:
     low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU)
     prefill_reuse: bool = opt(True, "the student's sampling prefill (run with grad) doubles as the prompt part of its "
                               "scoring forward when a step is one micro-batch (LoRA, no dropout)", group=CPU)
-    prefill_scoring: bool = opt(True, "rollouts with no kept sampling prefill (vLLM's, or a step in micro-batches) are "
-                                "scored the same way: the prompts as a prefill (shared prefix once, length groups, "
-                                "last layer keys-only), then the responses on its cache (off: one padded forward over "
-                                "prompt + response)", group=CPU)
+    prefill_scoring: bool = opt(True, "rollouts with no kept sampling prefill (vLLM's, a step in micro-batches, SFT's "
+                                "batches) are scored the same way: the prompts as a prefill (shared prefix once, "
+                                "length groups, last layer keys-only), then the responses on its cache (off: one "
+                                "padded forward over prompt + response)", group=CPU)
     teacher_prefix_cache: bool = opt(True, "the teacher keeps its prompts' shared-prefix KV across steps", group=CPU)
     keys_only_last_layer: bool = opt(True, "a prefill runs its last layer in full only at the last position "
                                      "(keys and values elsewhere)", group=CPU)

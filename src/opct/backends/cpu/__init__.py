@@ -75,7 +75,7 @@ class CPUPolicy(HFPolicy):
     """`hf`'s policy with the kernels above. Sampling prefills the prompts (sharing their common prefix) and
     decodes through the lean decoder. When a rollout is scored whole (one micro-batch) and the teacher is the same
     module with LoRA disabled, the sampling prefill runs under grad and the student's scoring runs only the
-    response tokens on its KV cache. Other rollouts (sampled by vLLM, or a micro-batch of a larger step) are scored
+    response tokens on its KV cache. Other rollouts (sampled by vLLM, a micro-batch of a larger step, SFT's) are scored
     the same way with a prefill run at scoring time (`prefill_scoring`). The teacher always scores as the student
     does (prefill + responses, its shared prompt prefix kept across steps), so identical prompts still give
     bit-identical log-probs."""
