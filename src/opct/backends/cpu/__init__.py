@@ -113,17 +113,15 @@ class CPUPolicy(HFPolicy):
     def _hidden(self, prompts_N, rollout, batch, grad: bool) -> torch.Tensor:
         if rollout.state is None and not self.prefill_scoring:
             return super()._hidden(prompts_N, rollout, batch, grad)
-        if self.is_teacher:  # the same computation as the student's below
-            pre = prefill(self.model, prompts_N, self.pad_id, prefix_cache=self.prefix_cache,
-                          keys_only=self.cfg.keys_only_last_layer, group_cost=self._prompt_groups)
-        elif rollout.state is None:  # sampled elsewhere, or a micro-batch: the sampling path's prefill, run now
-            if grad:
-                self.model.train()
-            pre = prefill(self.model, prompts_N, self.pad_id, keys_only=self.cfg.keys_only_last_layer,
-                          group_cost=self._prompt_groups)
-        else:
+        if rollout.state is not None and not self.is_teacher:
             assert prompts_N == rollout.prompts, "a kept prefill scores only the prompts it was sampled on"
             pre = rollout.state
+        else:  # the teacher, and rollouts with no kept prefill: the sampling path's prefill, run now
+            if grad:
+                self.model.train()
+            keep = self.prefix_cache if self.is_teacher else None  # only frozen weights' prefix KV outlives a step
+            pre = prefill(self.model, prompts_N, self.pad_id, prefix_cache=keep, keys_only=self.cfg.keys_only_last_layer,
+                          group_cost=self._prompt_groups)
         group_cost = GROUP_COST_TOKENS if self.cfg.unpadded_scoring else None
         return response_hidden_after_prefill(self.model, pre, rollout.responses, self.pad_id, group_cost)
 
