@@ -53,6 +53,19 @@ def workload_pairs(model: str, n: int, prompt_tokens: int | None, seed: int = 0)
     return [ConsistencyPair(it["student"], teacher_messages(it)) for it in items], info
 
 
+def parse_sets(items: list[str]) -> dict:
+    """`--set KEY=VALUE` pairs as config overrides, each value read as YAML (true, 3, 0.5, bfloat16)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+    return out
+
+
 def step_config(out: str, model: str, batch: int, steps: int, max_new_tokens: int, lora_rank: int, **overrides):
     """The benchmark's TrainConfig: one micro-batch of `batch` prompts a step, plain sampling at temperature 1,
     LoRA alpha = 2 x rank, no checkpoints; `overrides` set any other key."""
@@ -86,7 +99,13 @@ def main() -> None:
                    help="who samples: the training backend, or an in-process vLLM engine (needs vllm installed)")
     p.add_argument("--seed", type=int, default=0,
                    help="picks the workload's prompts and seeds the run (as trl_step.py's --seed does TRL's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other config key, e.g. --set prefill_reuse=false (repeatable; recorded in config)")
     a = p.parse_args()
+    try:
+        sets = parse_sets(a.set)
+    except ValueError as e:
+        p.error(str(e))
     a.backend = a.backend or ("cpu" if a.device == "cpu" else "hf")
 
     import torch
@@ -99,7 +118,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         cfg = step_config(os.path.join(d, "run"), a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank,
                           loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
-                          decode_dtype=a.decode_dtype, seed=a.seed, device=a.device)
+                          decode_dtype=a.decode_dtype, seed=a.seed, device=a.device, **sets)
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0
@@ -135,7 +154,7 @@ def main() -> None:
         "config": {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "lora_rank": a.lora_rank,
                    "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "loss": a.loss,
                    "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler,
-                   "decode_dtype": a.decode_dtype, "seed": a.seed, "device": a.device},
+                   "decode_dtype": a.decode_dtype, "seed": a.seed, "device": a.device, "set": sets},
         "versions": {"torch": torch.__version__},
         "machine": machine(),
     }

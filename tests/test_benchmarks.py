@@ -21,7 +21,7 @@ def load(name):
 @pytest.fixture(scope="module")
 def mods():
     sys.path.insert(0, str(BENCH))
-    yield {name: load(name) for name in ("common", "vs_trl", "cost_growth")}
+    yield {name: load(name) for name in ("common", "vs_trl", "cost_growth", "step")}
     sys.path.remove(str(BENCH))
 
 
@@ -309,3 +309,13 @@ def test_random_weights_keep_the_architecture_and_tokenizer(tiny_model_dir, tmp_
     assert torch.equal(load_file(again / "model.safetensors")["model.embed_tokens.weight"],
                        rand["model.embed_tokens.weight"])
     assert json.loads((out / "opct-random-weights.json").read_text())["seed"] == 3
+
+
+def test_step_set_reads_config_overrides_as_yaml(mods, tmp_path):
+    step = mods["step"]
+    sets = step.parse_sets(["prefill_reuse=false", "prefill-scoring=true", "micro_batch=4", "decode_dtype=bfloat16"])
+    assert sets == {"prefill_reuse": False, "prefill_scoring": True, "micro_batch": 4, "decode_dtype": "bfloat16"}
+    cfg = step.step_config(str(tmp_path / "run"), "m", 8, 2, 32, 32, **sets)
+    assert cfg.prefill_reuse is False and cfg.micro_batch == 4 and cfg.prompts_per_step == 8
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        step.parse_sets(["prefill_reuse"])
