@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("demo", help="an axis end to end: eval base -> SFT -> OPCT -> eval -> report",
                        description="Evaluate the base model, train the SFT baseline and OPCT on the same consistency "
-                                   "pairs of an axis (--axis sycophancy by default, or safety), evaluate both, and "
-                                   "write results.json + report.md/html with plots. Each axis sets its own defaults "
-                                   "(model, sizes, steps) for the options you do not set.")
+                                   "pairs of an axis (--axis sycophancy by default, safety or jailbreak), evaluate "
+                                   "both, and write results.json + report.md/html with plots. Each axis sets its own "
+                                   "defaults (model, sizes, steps) for the options you do not set.")
     config.add_arguments(p, config.DemoConfig)
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("report", help="(re)write report.md/html + plots from a demo's results.json")
