@@ -168,3 +168,19 @@ def test_identical_sides_are_warned_about(tmp_path, capsys):
                                                   "teacher": [{"role": "user", "content": " Hi?"}]}])
     load_pairs(p)
     assert "1 of 2 pairs have the same student and teacher side" in capsys.readouterr().err
+
+
+def test_a_native_crash_in_a_command_prints_the_python_stack():
+    """A C++ abort inside `python -m opct ...` (here os.abort() from the command itself) prints where Python was,
+    through faulthandler, which the CLI turns on; the process still dies by the signal, never exit 0."""
+    import subprocess
+    import sys
+
+    code = ("import os, opct.cli as c\n"
+            "c.cmd_report = lambda args: os.abort()\n"
+            "c.main(['report', 'anywhere'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"})
+    assert p.returncode != 0
+    assert "Fatal Python error: Aborted" in p.stderr
+    assert "<lambda>" in p.stderr and "in main" in p.stderr

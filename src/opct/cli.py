@@ -7,6 +7,7 @@ backend (`huge_pages`), which PyTorch reads at its first allocation. Nothing is 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -138,14 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     config.add_arguments(p, config.SFTConfig)
     p.set_defaults(func=cmd_sft)
 
-    p = sub.add_parser("eval", help="evaluate a model on an axis (--axis sycophancy, safety) or on lm-eval tasks",
+    p = sub.add_parser("eval", help="evaluate a model on an axis (--axis sycophancy, safety, jailbreak) or on "
+                                    "lm-eval tasks",
                        description="Evaluate one model on an axis' evaluation set; with the same axis options it is "
                                    "the set `opct demo --axis` evaluates. sycophancy: no generation; --mode text "
                                    "(default): the prompt asks for a reply \"The answer is <option>\" and the answer "
                                    "is the option whose first token is most probable after that prefix; --mode letter: "
                                    "the most probable option letter at the first response position. safety: greedy "
                                    "responses graded by --judge on held-out facts, training facts, contrast prompts "
-                                   "(over-warning) and, for reference, with the fact in the system prompt (oracle).")
+                                   "(over-warning) and, for reference, with the fact in the system prompt (oracle). "
+                                   "jailbreak: greedy answers to bare and wrapped harmful requests judged for refusal "
+                                   "per split, the adaptive per-target attack, and over-refusal on benign "
+                                   "look-alikes.")
     config.add_arguments(p, config.EvalConfig)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("demo", help="an axis end to end: eval base -> SFT -> OPCT -> eval -> report",
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_report)
 
     args = parser.parse_args(argv)
+    _stack_on_crash()
     previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() \
         else None
     try:
@@ -186,6 +192,17 @@ _RESUME = ("; nothing was marked finished (no run.json); continue from the last 
 AFTER_FAILURE = {"train": _RESUME, "sft": _RESUME,
                  "demo": "; the demo did not finish (no results.json): run it again with a new --out",
                  "eval": "; no results were written"}
+
+
+def _stack_on_crash() -> None:
+    """A native crash (SIGSEGV, SIGABRT from a C++ library, ...) prints every thread's Python stack to stderr
+    (`faulthandler`), so a report says where it happened. Left alone where a handler is already on (pytest's) or
+    stderr is no file."""
+    if not faulthandler.is_enabled():
+        try:
+            faulthandler.enable()
+        except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is an OSError and a ValueError
+            pass
 
 
 class Terminated(KeyboardInterrupt):
