@@ -25,6 +25,7 @@ decode loop (the prompt prefill is excluded; `prefill_s` reports it); with vLLM 
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -68,13 +69,14 @@ def parse_sets(items: list[str]) -> dict:
 
 def step_config(out: str, model: str, batch: int, steps: int, max_new_tokens: int, lora_rank: int, **overrides):
     """The benchmark's TrainConfig: one micro-batch of `batch` prompts a step, plain sampling at temperature 1,
-    LoRA alpha = 2 x rank, no checkpoints; `overrides` set any other key."""
-    from opct.config import TrainConfig
+    LoRA alpha = 2 x rank, no checkpoints; `overrides` set any other key, type-checked as a config file's are
+    (`config.from_dict`: an unknown key or a wrong type is a ConfigError)."""
+    from opct.config import TrainConfig, from_dict
 
-    return TrainConfig(**{"model": model, "out": out, "steps": steps, "prompts_per_step": batch, "micro_batch": batch,
-                          "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-                          "lora_rank": lora_rank, "lora_alpha": 2.0 * lora_rank, "lr": 1e-5, "save_every": 0,
-                          "tensorboard": False, "device": "cpu", **overrides})
+    values = {"model": model, "out": out, "steps": steps, "prompts_per_step": batch, "micro_batch": batch,
+              "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lora_rank": lora_rank,
+              "lora_alpha": 2.0 * lora_rank, "lr": 1e-5, "save_every": 0, "tensorboard": False, "device": "cpu"}
+    return from_dict(TrainConfig, {**values, **overrides}, where="benchmarks/step.py")
 
 
 def main() -> None:
@@ -102,23 +104,24 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other config key, e.g. --set prefill_reuse=false (repeatable; recorded in config)")
     a = p.parse_args()
-    try:
+    a.backend = a.backend or ("cpu" if a.device == "cpu" else "hf")
+    n_steps = a.warmup + a.steps
+    try:  # before any model loads: a bad --set stops here (ConfigError is a ValueError)
         sets = parse_sets(a.set)
+        cfg = step_config("", a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank, loss=a.loss,
+                          threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
+                          decode_dtype=a.decode_dtype, seed=a.seed, device=a.device, **sets)
     except ValueError as e:
         p.error(str(e))
-    a.backend = a.backend or ("cpu" if a.device == "cpu" else "hf")
 
     import torch
 
     from opct.algo.opct import train
     from opct.data.io import read_jsonl
 
-    n_steps = a.warmup + a.steps
     pairs, prompt_info = workload_pairs(a.model, a.batch * n_steps, a.prompt_tokens, a.seed)
     with tempfile.TemporaryDirectory() as d:
-        cfg = step_config(os.path.join(d, "run"), a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank,
-                          loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
-                          decode_dtype=a.decode_dtype, seed=a.seed, device=a.device, **sets)
+        cfg = dataclasses.replace(cfg, out=os.path.join(d, "run"))
         t0 = time.perf_counter()
         train(cfg, pairs=pairs, show_progress=False)
         wall = time.perf_counter() - t0

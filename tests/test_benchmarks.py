@@ -319,3 +319,7 @@ def test_step_set_reads_config_overrides_as_yaml(mods, tmp_path):
     assert cfg.prefill_reuse is False and cfg.micro_batch == 4 and cfg.prompts_per_step == 8
     with pytest.raises(ValueError, match="KEY=VALUE"):
         step.parse_sets(["prefill_reuse"])
+    with pytest.raises(ValueError, match="did you mean 'prefill_reuse'"):  # checked as a config file's keys
+        step.step_config(str(tmp_path / "run"), "m", 8, 2, 32, 32, prefil_reuse=False)
+    with pytest.raises(ValueError, match="micro_batch.*must be int"):
+        step.step_config(str(tmp_path / "run"), "m", 8, 2, 32, 32, micro_batch="four")
