@@ -201,7 +201,7 @@ def _stack_on_crash() -> None:
     if not faulthandler.is_enabled():
         try:
             faulthandler.enable()
-        except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is an OSError and a ValueError
+        except (AttributeError, RuntimeError, ValueError, OSError):  # sys.stderr None, no fileno(), ...
             pass
 
 

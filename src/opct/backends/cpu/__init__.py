@@ -120,8 +120,8 @@ class CPUPolicy(HFPolicy):
             if grad:
                 self.model.train()
             keep = self.prefix_cache if self.is_teacher else None  # only frozen weights' prefix KV outlives a step
-            pre = prefill(self.model, prompts_N, self.pad_id, prefix_cache=keep, keys_only=self.cfg.keys_only_last_layer,
-                          group_cost=self._prompt_groups)
+            pre = prefill(self.model, prompts_N, self.pad_id, prefix_cache=keep,
+                          keys_only=self.cfg.keys_only_last_layer, group_cost=self._prompt_groups)
         group_cost = GROUP_COST_TOKENS if self.cfg.unpadded_scoring else None
         return response_hidden_after_prefill(self.model, pre, rollout.responses, self.pad_id, group_cost)
 
