@@ -258,6 +258,8 @@ def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
                  "--master-port", str(port), "-m", "opct", *args, "--out", str(two)]):
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
         assert p.returncode == 0, p.stderr[-3000:]
+        # each engine exits on SIGTERM within close()'s grace period: none SIGKILLed, no shared memory left behind
+        assert "force killing" not in p.stderr and "leaked shared_memory" not in p.stderr, p.stderr[-3000:]
     a = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
     assert len(a) == len(b) == 2

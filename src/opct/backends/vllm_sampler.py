@@ -62,6 +62,7 @@ DEFAULT_MAX_MODEL_LEN = 2048  # an engine's context when the run's prompts + res
 
 WORKER_EXT = "opct.backends.vllm_worker.WeightSync"
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+ENGINE_EXIT_S = 60.0  # seconds the engine's processes get to exit on SIGTERM before vLLM SIGKILLs them
 
 
 def request_seed(seed: int, i: int) -> int:
@@ -233,10 +234,12 @@ class VLLMSampler(_Closing):
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        """Shut the engine core down now (left to atexit, its teardown logs errors on closed streams)."""
+        """Shut the engine core down now (left to atexit, its teardown logs errors on closed streams), giving its
+        processes `ENGINE_EXIT_S` to exit on SIGTERM: vLLM's default 5 s is too short for its worker on a busy
+        2-core machine, and the SIGKILL that follows leaves the worker's shared memory behind."""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            llm.llm_engine.engine_core.shutdown(timeout=ENGINE_EXIT_S)
         self._remove_dirs()
 
 
