@@ -137,3 +137,14 @@ def test_kept_copies_stay_within_their_share_of_physical_memory(monkeypatch):
     gc.collect()
     monkeypatch.setattr(gemm, "KEEP_FRACTION", 1 / 4)
     assert gemm.kept(torch.nn.Linear(1, 1), "packed", [torch.zeros(40)], lambda: "copy3") == "copy3"  # 80 + 160
+
+
+def test_adding_an_adapter_does_not_pass_on_the_libraries_deprecation_warning(tiny_model_dir):
+    """PEFT reads a property transformers deprecates; the FutureWarning it raises reaches no user of opct."""
+    import warnings
+
+    base, _ = load_model(str(tiny_model_dir))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        add_lora(base, 4, 8.0)
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -212,7 +213,8 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
                                  "model's Hub id or a local copy of it")
             model = AutoModelForCausalLM.from_pretrained(resolve(base), dtype=dtype,
                                                          trust_remote_code=trust_remote_code)
-            model = PeftModel.from_pretrained(model, src).merge_and_unload()
+            with peft_quietly():
+                model = PeftModel.from_pretrained(model, src).merge_and_unload()
             tok = AutoTokenizer.from_pretrained(src if (p / "tokenizer_config.json").is_file() else resolve(base))
         else:
             if not p.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
@@ -257,7 +259,18 @@ def add_lora(model, rank: int, alpha: float, dropout: float = 0.0, targets: str 
     if tm != "all-linear":
         check_lora_targets(model, tm)
     cfg = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=tm, task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    with peft_quietly():
+        return get_peft_model(model, cfg)
+
+
+@contextlib.contextmanager
+def peft_quietly():
+    """Wrapping a model in PEFT (0.21.2) reads `model.is_gradient_checkpointing`, which transformers 5.23 deprecates
+    with a FutureWarning on every LoRA run: a message between the two libraries, nothing a user can act on. That one
+    warning is silenced here; every other passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
+        yield
 
 
 def check_lora_targets(model, targets: list[str]) -> None:
