@@ -505,3 +505,18 @@ def test_an_interrupted_demo_says_it_did_not_finish(tmp_path, capsys, tiny_model
     assert code == 130 and "opct: interrupted; the demo did not finish (no results.json): run it again with a new " \
         "--out" in err
     assert not (out / "results.json").exists()
+
+
+def test_tensorboard_wanted_but_not_installed_stops_before_the_model_loads(capsys, monkeypatch, tmp_path, pairs):
+    """A venv with opct installed --no-deps (the vLLM recipe) may lack tensorboard: TensorBoard logging is on by
+    default, so the run stops at once, exit 2, with what to install or pass; no model is loaded, nothing written."""
+    import opct.train.loop as loop
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import now raises ImportError
+    loaded = []
+    monkeypatch.setattr(loop, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("model loaded"))
+    out = tmp_path / "run"
+    args = [a for a in train_args("smollm2-135m-instruct", pairs, out) if a != "--no-tensorboard"]
+    code, err, _ = cli(capsys, *args)
+    assert code == 2 and "tensorboard" in err and "--no-tensorboard" in err and "pip install" in err
+    assert not loaded and not out.exists()

@@ -200,6 +200,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     maybe resume."""
     t_start = time.perf_counter()
     cfg, env = apply_env_overrides(validate(cfg))
+    check_tensorboard(cfg.tensorboard)
     device, dtype, backend = backends.resolve(cfg)
     replicas, device = distributed.init(device, cfg.parallel)
     if replicas.world > 1:
@@ -258,6 +259,18 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     threads.adjust()  # the first step's thread count, from the load time that passed since threads.use
     return Run(cfg, out, policy, rendered, params, optimizer, scheduler, gen, start, log, provenance, t_start, lock,
                replicas)
+
+
+def check_tensorboard(wanted: bool) -> None:
+    """TensorBoard logging (on by default) needs the tensorboard package, which a venv that installed opct with
+    --no-deps (the vLLM recipe) may lack: say so before any model loads, not after."""
+    if not wanted:
+        return
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError as e:
+        raise RunError(f"--tensorboard (on by default) needs the tensorboard package ({e}): pip install "
+                       "tensorboard==2.21.0, or pass --no-tensorboard (metrics.jsonl is written either way)") from None
 
 
 class NullLog:
