@@ -398,3 +398,33 @@ def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tiny_m
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode != 0 and "another opct process is writing this directory" in r.stderr
     held.close()
+
+
+@pytest.mark.parametrize("where", ["step", "start"])
+def test_a_run_that_fails_closes_its_policy_at_once(tiny_model_dir, tmp_path, monkeypatch, where):
+    """A run stopped by an error (here a NaN at step 1, or a failure in start_run after the policy was built)
+    closes its policy before the error propagates, so a vLLM engine or a `vllm serve` it started is not left
+    running; a finished run closes it too (in save_final), and a second close is a no-op."""
+    import opct.train.loop as loop
+
+    closed = []
+
+    def counting_make_policy(*a, **k):
+        policy = make_policy(*a, **k)
+        close = policy.close
+        policy.close = lambda: closed.append(1) or close()
+        return policy
+
+    monkeypatch.setattr(loop.backends, "make_policy", counting_make_policy)
+    if where == "start":
+        monkeypatch.setattr(loop, "acquire_lock", lambda out: (_ for _ in ()).throw(RunError("locked")))
+    cfg = cfg_for(tiny_model_dir, tmp_path / "run", steps=2, **({"kl_coef": 1e39, "lr": 1e6} if where == "step"
+                                                                else {}))
+    with pytest.raises(RunError):
+        train(cfg, make_pairs(), show_progress=False)
+    assert closed == [1]
+    monkeypatch.undo()
+    closed.clear()
+    monkeypatch.setattr(loop.backends, "make_policy", counting_make_policy)
+    train(cfg_for(tiny_model_dir, tmp_path / "ok", steps=1), make_pairs(), show_progress=False)
+    assert len(closed) == 2  # save_final's close, then the `with`'s

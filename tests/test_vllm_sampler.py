@@ -269,3 +269,40 @@ def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
         for k in ("loss", "kl", "logp_student", "logp_teacher", "grad_norm"):
             assert y[k] == pytest.approx(x[k], rel=1e-3, abs=1e-4), k
     assert json.loads((two / "run.json").read_text())["execution"]["processes"] == 2
+
+
+def test_a_failed_run_or_an_unclosed_sampler_leaves_no_vllm_server_running(model_dir, tmp_path):
+    """`vllm serve` runs in a session of its own, so nothing stops it along with opct: a run that fails (a NaN at
+    step 1) closes it on the way out of the harness, and a process that exits without closing its sampler stops
+    it at interpreter exit (atexit)."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from opct.backends.vllm_sampler import API_SERVER
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("vLLM's first-call compile needs a C++ compiler")
+
+    def servers():
+        return {p.pid for p in psutil.process_iter(["cmdline"]) if API_SERVER in " ".join(p.info["cmdline"] or [])}
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
+    before = servers()
+    pairs = Path(__file__).parent.parent / "examples" / "pairs.jsonl"
+    p = subprocess.run([sys.executable, "-m", "opct", "train", "--pairs", str(pairs), "--out", str(tmp_path / "run"),
+                        "--steps", "2", "--prompts-per-step", "4", "--max-new-tokens", "4", "--lora-rank", "8",
+                        "--sampler", "vllm-server", "--backend", "hf", "--device", "cpu", "--threads", "1",
+                        "--no-tensorboard", "--kl-coef", "1e39", "--lr", "1e6"],
+                       capture_output=True, text=True, env=env, timeout=1200)
+    assert p.returncode == 2 and "not finite" in p.stderr, p.stderr[-3000:]
+    assert servers() <= before
+
+    code = ("import sys; from opct.backends.vllm_sampler import VLLMServerSampler; "
+            "s = VLLMServerSampler([], model_dir=sys.argv[1]); print(s.proc.pid, flush=True); sys.exit(3)")
+    p = subprocess.run([sys.executable, "-c", code, model_dir], capture_output=True, text=True, env=env, timeout=1200)
+    assert p.returncode == 3, p.stderr[-3000:]
+    pid = int(p.stdout.split()[-1])
+    assert pid not in servers() and servers() <= before

@@ -94,15 +94,15 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
           show_progress: bool = True) -> Path:
     """Run OPCT; returns the output directory. `probe(model, tokenizer) -> dict` (optional) is called every
     `probe_every` steps and its numbers are logged with that step (e.g. a quick held-out eval)."""
-    run = loop.start_run(cfg, pairs)
-    bar = loop.steps(run, "opct", show_progress)
-    for step in bar:
-        idx = loop.data_order(len(run.rendered), cfg.seed, step * cfg.prompts_per_step, cfg.prompts_per_step)
-        # this process's share of the step's pairs (all of them in one process) and its sampling generator
-        batch, gen = loop.share(run, [run.rendered[i] for i in idx], cfg.samples_per_prompt)
-        # 1-3: sample, teacher scores, student forward/backward
-        row = opct_step(run.policy, batch, run.cfg, gen)
-        # 4: optimizer step
-        row.update(loop.optimizer_step(run, step, row["loss"]))
-        loop.end_step(run, step, row, probe, probe_every, bar, show_progress)
-    return loop.save_final(run, {})
+    with loop.start_run(cfg, pairs) as run:  # on an error, the run's sampler and logs are closed at once
+        bar = loop.steps(run, "opct", show_progress)
+        for step in bar:
+            idx = loop.data_order(len(run.rendered), cfg.seed, step * cfg.prompts_per_step, cfg.prompts_per_step)
+            # this process's share of the step's pairs (all of them in one process) and its sampling generator
+            batch, gen = loop.share(run, [run.rendered[i] for i in idx], cfg.samples_per_prompt)
+            # 1-3: sample, teacher scores, student forward/backward
+            row = opct_step(run.policy, batch, run.cfg, gen)
+            # 4: optimizer step
+            row.update(loop.optimizer_step(run, step, row["loss"]))
+            loop.end_step(run, step, row, probe, probe_every, bar, show_progress)
+        return loop.save_final(run, {})

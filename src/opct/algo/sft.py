@@ -63,16 +63,16 @@ def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_bat
 
 def train_sft(cfg: SFTConfig, pairs: list[ConsistencyPair] | None = None, probe=None, probe_every: int = 0,
               show_progress: bool = True) -> Path:
-    run = loop.start_run(cfg, pairs)
-    t0 = time.perf_counter()
-    examples = make_targets(run, run.cfg)
-    targets_s = time.perf_counter() - t0
-    per_step = cfg.prompts_per_step * cfg.samples_per_prompt  # the same number of sequences as an OPCT step
-    bar = loop.steps(run, "sft", show_progress)
-    for step in bar:
-        idx = loop.data_order(len(examples), cfg.seed, step * per_step, per_step)
-        batch, _ = loop.share(run, [examples[i] for i in idx])  # this process's share (all of it in one process)
-        row = sft_step(run.policy, batch, cfg.micro_batch)
-        row.update(loop.optimizer_step(run, step, row["loss"]))
-        loop.end_step(run, step, row, probe, probe_every, bar, show_progress)
-    return loop.save_final(run, {"targets_seconds": targets_s, "examples": len(examples)})
+    with loop.start_run(cfg, pairs) as run:  # on an error, the run's sampler and logs are closed at once
+        t0 = time.perf_counter()
+        examples = make_targets(run, run.cfg)
+        targets_s = time.perf_counter() - t0
+        per_step = cfg.prompts_per_step * cfg.samples_per_prompt  # the same number of sequences as an OPCT step
+        bar = loop.steps(run, "sft", show_progress)
+        for step in bar:
+            idx = loop.data_order(len(examples), cfg.seed, step * per_step, per_step)
+            batch, _ = loop.share(run, [examples[i] for i in idx])  # this process's share (all of it in one process)
+            row = sft_step(run.policy, batch, cfg.micro_batch)
+            row.update(loop.optimizer_step(run, step, row["loss"]))
+            loop.end_step(run, step, row, probe, probe_every, bar, show_progress)
+        return loop.save_final(run, {"targets_seconds": targets_s, "examples": len(examples)})

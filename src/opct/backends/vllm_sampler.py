@@ -43,6 +43,7 @@ where the compiled kernels survive between runs.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import hashlib
 import json
@@ -125,7 +126,11 @@ class _Versions:
 
 class _Closing:
     """What both samplers do on close: remove the socket directory and a work directory made here; usable as a
-    context manager."""
+    context manager. A sampler that started an engine or a server also closes at interpreter exit if nobody closed
+    it before (`_close_at_exit`): a `vllm serve` runs in a session of its own and would outlive opct otherwise."""
+
+    def _close_at_exit(self) -> None:
+        atexit.register(self.close)
 
     def _remove_dirs(self) -> None:
         if getattr(self, "rpc_dir", None):
@@ -166,6 +171,7 @@ class VLLMSampler(_Closing):
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=enforce_eager, generation_config="vllm", worker_extension_cls=WORKER_EXT,
                        **kw, **llm_kwargs)
+        self._close_at_exit()
         self.versions = _Versions(self.workdir)
         self.lora_request = None  # the adapter served now; None = the engine's own weights
 
@@ -237,6 +243,7 @@ class VLLMSampler(_Closing):
         """Shut the engine core down now (left to atexit, its teardown logs errors on closed streams), giving its
         processes `ENGINE_EXIT_S` to exit on SIGTERM: vLLM's default 5 s is too short for its worker on a busy
         2-core machine, and the SIGKILL that follows leaves the worker's shared memory behind."""
+        atexit.unregister(self.close)
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown(timeout=ENGINE_EXIT_S)
@@ -300,6 +307,7 @@ class VLLMServerSampler(_Closing):
         log = self.log_path.open("wb")
         # a session of its own: close() can stop the server and the engine process it spawns, and nothing else
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._close_at_exit()
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + start_timeout
         while time.monotonic() < deadline:
@@ -382,6 +390,7 @@ class VLLMServerSampler(_Closing):
     def close(self) -> None:
         """Stop the server we started (SIGTERM to its session, SIGKILL after 60 s); delete the work directory if it
         was made here."""
+        atexit.unregister(self.close)
         proc, self.proc = getattr(self, "proc", None), None
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -1,12 +1,13 @@
 """The training harness shared by OPCT and the SFT baseline: set a run up, step it, log, checkpoint, save.
 
-    run = start_run(cfg, pairs)           validate, load the model on its device, add LoRA, build the policy,
-                                          the optimizer and the schedule, resume from a checkpoint
-    for step in steps(run, cfg, "opct"):  the progress bar over the remaining steps
-        row = step_fn(...)                an algorithm's forward/backward work (opct_step, sft_step)
-        row |= optimizer_step(run, cfg)   clip, AdamW, schedule, zero grads, policy.after_step()
-        end_step(run, cfg, step, row)     probe, metrics.jsonl + TensorBoard, checkpoint, CPU thread count
-    save_final(run, cfg, summary)         model/ (PEFT adapter or full model), then run.json
+    with start_run(cfg, pairs) as run:        validate, load the model on its device, add LoRA, build the policy,
+                                              the optimizer and the schedule, resume from a checkpoint
+        for step in steps(run, cfg, "opct"):  the progress bar over the remaining steps
+            row = step_fn(...)                an algorithm's forward/backward work (opct_step, sft_step)
+            row |= optimizer_step(run, cfg)   clip, AdamW, schedule, zero grads, policy.after_step()
+            end_step(run, cfg, step, row)     probe, metrics.jsonl + TensorBoard, checkpoint, CPU thread count
+        save_final(run, cfg, summary)         model/ (PEFT adapter or full model), then run.json
+    (leaving the `with` on an error closes the logs and the sampler's vLLM engine or server)
 """
 
 from __future__ import annotations
@@ -194,6 +195,15 @@ class Run:
     def model(self) -> torch.nn.Module:
         return self.policy.model
 
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """`with start_run(...) as run:` a run that stops on an error or Ctrl-C lets go of its metrics log and its
+        sampler's vLLM engine or server at once (save_final did for a finished run; closing twice is a no-op)."""
+        self.log.close()
+        self.policy.close()
+
 
 def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     """Validate everything before writing anything, then load, add LoRA, build the policy and the optimizer,
@@ -228,6 +238,16 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
         model.requires_grad_(True)
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
                                   lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
+    try:
+        return _assemble(cfg, env, out, policy, model, rendered, replicas, device, t_start)
+    except BaseException:
+        policy.close()  # a vLLM engine or server the sampler started is not left running
+        raise
+
+
+def _assemble(cfg: RunConfig, env: dict, out: Path, policy: Policy, model, rendered: list,
+              replicas: distributed.Replicas, device, t_start: float) -> Run:
+    """start_run's second half, on a built policy: data-parallel wrapping, optimizer, lock, resume, logs."""
     if replicas.world > 1:
         trainer = getattr(policy, "inner", policy)  # under a vLLM sampler, the policy that scores
         trainer.replica = distributed.wrap(model, replicas, device)

@@ -42,3 +42,4 @@ class MetricsLog:
     def close(self) -> None:
         if self.tb:
             self.tb.close()
+            self.tb = None
