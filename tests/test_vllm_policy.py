@@ -2,6 +2,7 @@
 gradients stay with the training backend, weights are synced after every step, and the log-prob gap is logged."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir,
     assert json.loads((out / "run.json").read_text())["execution"]["vllm_max_model_len"] == seen["max_model_len"]
 
 
-def test_the_kv_cache_size_reaches_vllm_as_a_whole_number(monkeypatch):
+def test_the_kv_cache_size_reaches_vllm_as_a_whole_number_and_its_sockets_a_fresh_directory(monkeypatch):
     from opct.backends import vllm_sampler
     from opct.config import ConfigError, TrainConfig, validate
 
@@ -87,8 +88,8 @@ def test_the_kv_cache_size_reaches_vllm_as_a_whole_number(monkeypatch):
     env = {}
     rpc = vllm_sampler._set_env_defaults(env, 1.0)  # the config default is a float
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # vLLM reads it with int(): "1.0" stopped its engine
-    if rpc:
-        import shutil
-        shutil.rmtree(rpc, ignore_errors=True)
+    # and the engine's sockets go to the fresh short directory the sampler removes on close
+    assert rpc and Path(rpc).is_dir() and env["VLLM_RPC_BASE_PATH"] == rpc and len(rpc) < 40
+    Path(rpc).rmdir()
     with pytest.raises(ConfigError, match="vllm-kv-cache-gib"):
         validate(TrainConfig(vllm_kv_cache_gib=1.5))

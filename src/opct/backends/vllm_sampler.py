@@ -94,7 +94,8 @@ def _set_env_defaults(environ, kv_cache_gib: float) -> str | None:
     from opct.models import cache_dir
 
     rpc = None if "VLLM_RPC_BASE_PATH" in _USER_SET else tempfile.mkdtemp(prefix="opct-vllm-rpc-")
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),  # vLLM parses it with int(): "1.0" is an error "VLLM_RPC_BASE_PATH": str(rpc),
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),  # vLLM parses it with int(): "1.0" is an error
+           "VLLM_RPC_BASE_PATH": str(rpc),
            "VLLM_CACHE_ROOT": str(cache_dir() / "vllm"),
            "TORCHINDUCTOR_CACHE_DIR": str(cache_dir() / "vllm" / "inductor")}
     for k, v in env.items():
