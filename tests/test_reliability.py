@@ -520,3 +520,21 @@ def test_tensorboard_wanted_but_not_installed_stops_before_the_model_loads(capsy
     code, err, _ = cli(capsys, *args)
     assert code == 2 and "tensorboard" in err and "--no-tensorboard" in err and "pip install" in err
     assert not loaded and not out.exists()
+
+
+def test_a_vllm_url_with_no_server_is_named_before_the_model_loads(capsys, monkeypatch, tmp_path, pairs):
+    """--sampler vllm-server --vllm-url URL where nothing answers: exit 2 at once, naming the URL and the reason
+    (it was a bare "<urlopen error ...>" and exit 1 at the first step, after loading the model)."""
+    import socket
+
+    import opct.train.loop as loop
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(loop, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    out = tmp_path / "run"
+    code, err, _ = cli(capsys, *train_args("smollm2-135m-instruct", pairs, out, "--sampler", "vllm-server",
+                                           "--vllm-url", f"http://127.0.0.1:{port}"))
+    assert code == 2 and f"--vllm-url http://127.0.0.1:{port}: no vLLM server answers there" in err
+    assert not out.exists()

@@ -32,6 +32,7 @@ def test_vllm_policy_samples_through_the_sampler_and_syncs_every_step(tiny_model
                                                                      micro_batch):
     fake = FakeSampler()
     monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, max_model_len: fake)
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)  # vllm need not be installed: the sampler is fake
     out = tmp_path / "run"
     train(cfg_for(tiny_model_dir, out, steps=3, sampler="vllm", micro_batch=micro_batch), pairs=make_pairs(),
           show_progress=False)
@@ -93,3 +94,40 @@ def test_the_kv_cache_size_reaches_vllm_as_a_whole_number_and_its_sockets_a_fres
     Path(rpc).rmdir()
     with pytest.raises(ConfigError, match="vllm-kv-cache-gib"):
         validate(TrainConfig(vllm_kv_cache_gib=1.5))
+
+
+def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
+    """--vllm-url: a server that answers /health passes (its OpenAI base URL `.../v1` too); one that does not is
+    named with the reason; a server that stops mid-run gives an error naming the URL, not a bare urlopen error."""
+    import http.server
+    import threading
+
+    from opct.backends import BackendError, check_sampler
+    from opct.backends.sampling import SamplingSettings
+    from opct.backends.vllm_sampler import VLLMServerSampler, unreachable
+    from opct.config import TrainConfig
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        assert unreachable(url) is None and unreachable(url + "/v1/") is None
+        check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url + "/v1"))
+        sampler = VLLMServerSampler([2], url=url + "/v1")
+        assert sampler.url == url
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(BackendError, match=rf"--vllm-url {url}: no vLLM server answers there \(.*refused"):
+        check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url))
+    with pytest.raises(RuntimeError, match=rf"{url}/v1/completions: the vLLM server did not answer .*has it stopped"):
+        sampler.sample([[1, 2]], SamplingSettings(4, 1.0, 1.0, 0), seed=0)
+    sampler.close()

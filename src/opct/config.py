@@ -133,7 +133,8 @@ class RunConfig(ExecConfig):
     sampler: str = opt("policy", "who samples the student's rollouts: policy = the training backend itself; vllm = "
                        "a colocated vLLM engine; vllm-server = a vLLM server (--vllm-url, or one opct starts on "
                        "127.0.0.1). Needs vllm installed (see .ci/vllm)", choices=["policy", "vllm", "vllm-server"])
-    vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL (empty = start one)")
+    vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
+                        "(.../v1); empty = start one")
     vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache")
     vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
                                  "(weights + KV cache); training gets the rest")

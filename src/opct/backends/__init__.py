@@ -69,6 +69,14 @@ def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
     return device, dtype, resolve_backend(cfg.backend, device, dtype)
 
 
+def check_sampler(cfg) -> None:
+    """What a vLLM sampler setting needs (vllm installed, a given server answering), checked before a model loads."""
+    if getattr(cfg, "sampler", "policy") != "policy":
+        from opct.backends.vllm import check
+
+        check(cfg)
+
+
 def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30,
                 lora_dropout: float = 0.0, prompt_lengths=()) -> Policy:
     """The Policy of `backend` around a loaded (and, for training, LoRA-wrapped) model; with a vLLM `sampler`
@@ -103,5 +111,5 @@ def load_for_inference(name: str, cfg):
     return model, tok
 
 
-__all__ = ["BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "load_for_inference", "make_policy",
-           "resolve"]
+__all__ = ["BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "check_sampler", "load_for_inference",
+           "make_policy", "resolve"]

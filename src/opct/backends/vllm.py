@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from opct.backends.base import Policy, Rollout
-from opct.backends.vllm_sampler import DEFAULT_MAX_MODEL_LEN
+from opct.backends.vllm_sampler import DEFAULT_MAX_MODEL_LEN, unreachable
 
 
 def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
@@ -70,15 +70,11 @@ def make_sampler(cfg, eos_ids, max_model_len: int = DEFAULT_MAX_MODEL_LEN):
     loop passes that, or DEFAULT_MAX_MODEL_LEN when it is shorter); a server given by --vllm-url has its own.
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
     device: under torchrun each rank has its own engine on its own GPU."""
-    import importlib.util
-
-    from opct.backends import BackendError, resolve
+    from opct.backends import resolve
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
 
-    if (cfg.sampler == "vllm" or not cfg.vllm_url) and importlib.util.find_spec("vllm") is None:
-        raise BackendError(f"--sampler {cfg.sampler} needs vllm installed in this environment (see .ci/vllm for a "
-                           "recipe)" + ("; or pass --vllm-url of a running server" if cfg.sampler != "vllm" else ""))
+    check(cfg)
     device, dtype, _ = resolve(cfg)
     kw = dict(dtype=str(dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
               kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=max_model_len)
@@ -93,6 +89,23 @@ def make_sampler(cfg, eos_ids, max_model_len: int = DEFAULT_MAX_MODEL_LEN):
     extra_args = ("--gpu-memory-utilization", str(cfg.vllm_gpu_memory)) if on_gpu else ()
     with visible_device(gpu):
         return VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
+
+
+def check(cfg) -> None:
+    """What the vLLM sampler a config asks for needs, checked before any model loads (start_run) and again when the
+    sampler is made: vllm importable (unless the server is someone else's), and a server given by --vllm-url
+    answering."""
+    import importlib.util
+
+    from opct.backends import BackendError
+
+    if (cfg.sampler == "vllm" or not cfg.vllm_url) and importlib.util.find_spec("vllm") is None:
+        raise BackendError(f"--sampler {cfg.sampler} needs vllm installed in this environment (see .ci/vllm for a "
+                           "recipe)" + ("; or pass --vllm-url of a running server" if cfg.sampler != "vllm" else ""))
+    why = unreachable(cfg.vllm_url) if cfg.sampler == "vllm-server" and cfg.vllm_url else None
+    if why:
+        raise BackendError(f"--vllm-url {cfg.vllm_url}: no vLLM server answers there ({why}); start one, or leave "
+                           "--vllm-url out and opct starts one")
 
 
 @contextmanager

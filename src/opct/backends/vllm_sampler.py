@@ -251,6 +251,22 @@ class VLLMSampler(_Closing):
         self._remove_dirs()
 
 
+def server_root(url: str) -> str:
+    """A server's root URL; the OpenAI base URL (`.../v1`) that clients are usually given is accepted too."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def unreachable(url: str, timeout: float = 10) -> str | None:
+    """Why the vLLM server at `url` does not answer its /health with 200, or None when it does."""
+    try:
+        with urllib.request.urlopen(server_root(url) + "/health", timeout=timeout) as r:
+            return None if r.status == 200 else f"/health answered HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"/health answered HTTP {e.code}"
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as e:  # ValueError: not a URL
+        return str(getattr(e, "reason", e))
+
+
 API_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # the module `vllm serve` runs
 
 
@@ -287,7 +303,7 @@ class VLLMServerSampler(_Closing):
         if url is None:
             url = self._start(model_dir, dtype, lora_rank, max_model_len, seed, kv_cache_gib, start_timeout,
                               vllm_cmd, extra_args)
-        self.url = url.rstrip("/")
+        self.url = server_root(url)
 
     def _start(self, model_dir, dtype, lora_rank, max_model_len, seed, kv_cache_gib, start_timeout, vllm_cmd,
                extra_args) -> str:
@@ -315,12 +331,8 @@ class VLLMServerSampler(_Closing):
             if self.proc.poll() is not None:
                 tail = self.log_path.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"vllm serve exited with code {self.proc.returncode}; {self.log_path}:\n{tail}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return url
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            if unreachable(url, timeout=5) is None:
+                return url
             time.sleep(1)
         self.close()
         raise TimeoutError(f"vllm serve did not answer {url}/health within {start_timeout} s; see {self.log_path}")
@@ -333,6 +345,9 @@ class VLLMServerSampler(_Closing):
                 raw = r.read()
         except urllib.error.HTTPError as e:
             raise RuntimeError(f"{self.url}{path}: HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}") from e
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise RuntimeError(f"{self.url}{path}: the vLLM server did not answer ({getattr(e, 'reason', e)}); "
+                               "has it stopped?") from e
         return json.loads(raw) if raw.strip().startswith((b"{", b"[")) else raw.decode()
 
     def _complete(self, bodies: list[dict]) -> list[dict]:

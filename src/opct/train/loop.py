@@ -212,6 +212,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     cfg, env = apply_env_overrides(validate(cfg))
     check_tensorboard(cfg.tensorboard)
     device, dtype, backend = backends.resolve(cfg)
+    backends.check_sampler(cfg)
     replicas, device = distributed.init(device, cfg.parallel)
     if replicas.world > 1:
         backend = check_distributed(cfg, replicas, backend)
