@@ -210,6 +210,7 @@ def test_safety_hf_source_is_evaluation_only_and_graded_by_the_llm_judge(tiny_mo
     res = json.loads(out.read_text())
     assert res["judge"] == "llm" and res["pass_rate"]["heldout"]["value"] == 0.5  # fact A passes, B unparseable
     assert res["n_unparsed"] == {"heldout": 2, "oracle": 2} and res["info"]["n_train_pairs"] == 0
-    assert len(seen) == 8 and all(u == "http://judge/v1" and m == "j" for u, m, _ in seen)
+    assert seen[0][2] == "Reply with OK."  # the endpoint check, before the model loads
+    assert len(seen) == 9 and all(u == "http://judge/v1" and m == "j" for u, m, _ in seen)
     assert main(["demo", "--axis", "safety", "--model", str(tiny_model_dir), "--source", f"hf:{sage}:train",
                  "--out", str(tmp_path / "d"), "--capability", ""]) == 2

@@ -176,6 +176,18 @@ def test_errors_are_clear(server, monkeypatch):
         chat_completion(s.url, "m", msgs, retries=1, backoff=0.01, timeout=2)
 
 
+
+def test_the_endpoint_check_sends_one_short_request_and_names_a_wrong_model(server, monkeypatch):
+    from opct.judges.endpoint import check
+
+    monkeypatch.delenv("OPCT_JUDGE_API_KEY", raising=False)
+    s = server([(200, completion("OK")), (404, {"error": "The model `nope` does not exist."})])
+    check(s.url + "/v1", "judge")
+    assert len(s.requests) == 1 and s.requests[0]["body"]["max_tokens"] == 1
+    with pytest.raises(EndpointError, match="HTTP 404: .*`nope` does not exist"):
+        check(s.url, "nope")
+
+
 # ---- the rubric judge end to end -----------------------------------------------------------------
 
 def test_rubric_judge_through_the_server_counts_unparseable(server, monkeypatch):

@@ -538,3 +538,40 @@ def test_a_vllm_url_with_no_server_is_named_before_the_model_loads(capsys, monke
                                            "--vllm-url", f"http://127.0.0.1:{port}"))
     assert code == 2 and f"--vllm-url http://127.0.0.1:{port}: no vLLM server answers there" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command,axis", [("eval", "safety"), ("eval", "jailbreak"), ("demo", "jailbreak")])
+def test_a_judge_endpoint_that_does_not_answer_is_named_before_any_model_loads(capsys, monkeypatch, tmp_path,
+                                                                             command, axis):
+    """--judge llm with a --judge-url where nothing answers (or none at all): exit 2 at once, naming the options;
+    it was a traceback (exit 1) after the model had loaded and generated every answer."""
+    import socket
+
+    import opct.backends
+    import opct.demo
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    monkeypatch.setattr(opct.backends, "load_for_inference", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(opct.demo, "train_sft", lambda *a, **k: pytest.fail("training started"), raising=False)
+    out = tmp_path / "out"
+    args = [command, "--axis", axis, "--judge", "llm", "--judge-model", "j", "--out",
+            out / ("r.json" if command == "eval" else "demo")]
+    code, err, _ = cli(capsys, *args, "--judge-url", url)
+    assert code == 2 and f"--judge-url {url} --judge-model j: the judge endpoint does not answer" in err
+    code, err, _ = cli(capsys, *args)
+    assert code == 2 and "--judge-url" in err
+    assert not out.exists() or not any(out.rglob("*.json"))
+
+
+def test_a_judge_endpoint_that_stops_mid_run_is_one_line_and_exit_1(capsys, monkeypatch):
+    import opct.demo
+    from opct.judges.endpoint import EndpointError
+
+    def dead(cfg):
+        raise EndpointError("http://127.0.0.1:1/v1/chat/completions: no completion after 4 attempts; last error: x")
+
+    monkeypatch.setattr(opct.demo, "run_eval", dead)
+    code, err, _ = cli(capsys, "eval", "--axis", "safety")
+    assert code == 1 and "no completion after 4 attempts" in err and "no results were written" in err

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as e:
         print(f"opct: error: {e}", file=sys.stderr)
         return 2
-    except (WriteError, OSError) as e:  # the machine, not the input: a full disk, a file opct may not read
+    except machine_errors() as e:
         print(f"opct: error: {e}{AFTER_FAILURE.get(args.command, '')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
@@ -219,6 +219,14 @@ def version_text() -> str:
     git = git_commit()
     return f"opct {__version__}" + (f" (git {git['commit'][:12]}{', modified' if git['dirty'] else ''})"
                                      if git else "")
+
+
+def machine_errors() -> tuple[type[Exception], ...]:
+    """The machine or a service, not the input (one line, exit status 1): a full disk, a file opct may not read, a
+    judge endpoint that stopped answering."""
+    from opct.judges.endpoint import EndpointError
+
+    return WriteError, OSError, EndpointError
 
 
 def user_errors() -> tuple[type[Exception], ...]:

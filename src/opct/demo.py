@@ -37,6 +37,12 @@ def config_for_axis(cls=DemoConfig, **options):
     return validate(cls(**values))
 
 
+def check_axis(axis, cfg) -> None:
+    """The axis' own pre-flight (its optional `check`: e.g. a judge endpoint that answers), before any model loads."""
+    if hasattr(axis, "check"):
+        axis.check(cfg)
+
+
 def run_eval(cfg: EvalConfig) -> dict:
     """`opct eval --axis NAME`: one model on the axis' evaluation set (the same items `opct demo` evaluates with the
     same options). Returns {"axis", "model", "info", **the axis' result}; per-example samples go next to --out."""
@@ -44,6 +50,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     from opct.backends import load_for_inference
 
     axis = get_axis(cfg.axis)
+    check_axis(axis, cfg)
     threads.use(cfg.threads)
     model, tok = load_for_inference(cfg.model, cfg)
     data = axis.prepare(cfg, tok)
@@ -118,6 +125,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     methods = [m.strip() for m in cfg.methods.split(",") if m.strip()]
     if set(methods) - {"sft", "opct"}:
         raise RunError(f"--methods takes sft and/or opct, got {cfg.methods!r}")
+    check_axis(axis, cfg)
     threads.use(cfg.threads)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}

@@ -85,6 +85,8 @@ class Axis(Protocol):
         """This axis' report section as report blocks (see opct.report); plots go under run_dir / "plots"."""
         ...
 
+    # Optional: check(cfg) -> None, what the axis needs from outside (a judge endpoint that answers), checked by
+    # `opct eval` and `opct demo` before any model loads; raises a user error (exit 2) naming the options.
     # Optional: an `opct` dict attribute of TrainConfig overrides for the demo's OPCT run (e.g. {"loss": "full"}).
     # Optional: compare(methods: {"base"|"sft"|"opct": result}) -> dict, e.g. paired changes from base with
     # intervals; the demo stores it as results.json "comparison" when the axis has it.

@@ -46,6 +46,7 @@ from opct.axes.base import AxisData, generate
 from opct.data.pairs import ConsistencyPair
 from opct.judges.base import Verdict, agreement, wilson
 from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge
+from opct.judges.safety import JudgeError, check_endpoint
 
 NAME = "jailbreak"
 SPLITS = ("train_wrappers", "heldout_wrappers", "heldout_family")
@@ -223,7 +224,7 @@ def rubric_judge(opt: Options):
     from opct.judges.strongreject import StrongRejectJudge
 
     if not opt.judge_url:
-        raise ValueError("jailbreak axis: --judge llm needs --judge-url (an OpenAI-compatible server)")
+        raise JudgeError("jailbreak axis: --judge llm needs --judge-url (an OpenAI-compatible server)")
     return StrongRejectJudge.from_endpoint(opt.judge_url, opt.judge_model or "judge", concurrency=opt.judge_concurrency,
                                            max_response_words=400, timeout=900, constrained=opt.judge_constrained)
 
@@ -464,6 +465,13 @@ class JailbreakAxis:
     # with 8 samples a step the sampled estimate of that gradient is noisy, the exact one is not, for ~10% more
     # time a step on this model.
     opct = {"loss": "full"}
+
+    def check(self, cfg) -> None:
+        """--judge llm: --judge-url is given and answers (a 1-token request); before any model loads."""
+        opt = options(cfg)
+        if opt.judge == "llm":
+            rubric_judge(opt)  # JudgeError without --judge-url
+            check_endpoint(opt.judge_url, opt.judge_model or "judge")
 
     def prepare(self, cfg, tok=None) -> AxisData:
         return prepare(cfg, tok)

@@ -133,6 +133,14 @@ class SafetyAxis:
 
     # -- evaluation ------------------------------------------------------------------------------------------------
 
+    def check(self, cfg) -> None:
+        """--judge llm: the options name an endpoint and a model, and the endpoint answers; before any model loads."""
+        if cfg.judge == "llm":
+            from opct.judges.safety import check_endpoint
+
+            self.judge(cfg)  # JudgeError without --judge-url and --judge-model
+            check_endpoint(cfg.judge_url, cfg.judge_model)
+
     def judge(self, cfg):
         from opct.judges.safety import get_judge
 

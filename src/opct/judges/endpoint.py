@@ -67,3 +67,10 @@ def chat_completion(url: str, model: str, messages: list[dict], *, api_key_env: 
             raise EndpointError(f"{target}: choices[0].message.content is {type(content).__name__}, not text")
         return content
     raise EndpointError(f"{target}: no completion after {retries + 1} attempts; last error: {last}")
+
+
+def check(url: str, model: str, *, api_key_env: str = "OPCT_JUDGE_API_KEY") -> None:
+    """One 1-token chat completion (one retry), so that a wrong URL, model name or key is found before any
+    generation rather than after it; raises EndpointError saying why."""
+    chat_completion(url, model, [{"role": "user", "content": "Reply with OK."}], api_key_env=api_key_env,
+                    max_tokens=1, retries=1, timeout=120)

@@ -211,6 +211,17 @@ class LocalJudge:
         return out
 
 
+def check_endpoint(url: str, model: str) -> None:
+    """--judge llm's endpoint answers one short request (endpoint.check), else a JudgeError naming the options."""
+    from opct.judges.endpoint import EndpointError, check
+
+    try:
+        check(url, model)
+    except EndpointError as e:
+        raise JudgeError(f"--judge-url {url} --judge-model {model}: the judge endpoint does not answer a test "
+                         f"request: {e}") from None
+
+
 def get_judge(kind: str = "keyword", *, url: str | None = None, model: str | None = None,
               api_key_env: str = "OPCT_JUDGE_API_KEY"):
     """keyword | llm (needs url and model) | local (needs model: an alias, directory or Hub id)."""
@@ -218,7 +229,8 @@ def get_judge(kind: str = "keyword", *, url: str | None = None, model: str | Non
         return KeywordJudge()
     if kind == "llm":
         if not url or not model:
-            raise JudgeError("the llm judge needs url (an OpenAI-compatible endpoint) and model")
+            raise JudgeError("the llm judge needs url (--judge-url, an OpenAI-compatible endpoint) and model "
+                             "(--judge-model)")
         return LLMJudge(url, model, api_key_env)
     if kind == "local":
         if not model:
