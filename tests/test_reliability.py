@@ -575,3 +575,14 @@ def test_a_judge_endpoint_that_stops_mid_run_is_one_line_and_exit_1(capsys, monk
     monkeypatch.setattr(opct.demo, "run_eval", dead)
     code, err, _ = cli(capsys, "eval", "--axis", "safety")
     assert code == 1 and "no completion after 4 attempts" in err and "no results were written" in err
+
+
+def test_a_local_judge_without_a_model_or_with_a_missing_one_is_named_before_any_model_loads(capsys, monkeypatch,
+                                                                                           tmp_path):
+    import opct.backends
+
+    monkeypatch.setattr(opct.backends, "load_for_inference", lambda *a, **k: pytest.fail("model loaded"))
+    code, err, _ = cli(capsys, "eval", "--axis", "safety", "--judge", "local")
+    assert code == 2 and "--judge local needs --judge-model" in err
+    code, err, _ = cli(capsys, "eval", "--axis", "safety", "--judge", "local", "--judge-model", tmp_path / "nope")
+    assert code == 2 and f"{tmp_path / 'nope'}: no such model directory" in err

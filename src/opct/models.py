@@ -174,6 +174,13 @@ def _load_gguf(path: Path):
     return model, tok
 
 
+def check_path(name: str) -> None:
+    """A name that can only be a local path (it starts with ".", "/" or "~", or has more than one "/", unlike a Hub
+    id) must exist: a ModelError otherwise, found without loading anything."""
+    if name not in ALIASES and not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise ModelError(f"{name}: no such model directory\n  {HINT}")
+
+
 def resolve(name: str) -> str:
     """Map an alias to a local directory; leave dirs, .gguf files and Hub ids alone."""
     if name in ALIASES:
@@ -217,8 +224,7 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
                 model = PeftModel.from_pretrained(model, src).merge_and_unload()
             tok = AutoTokenizer.from_pretrained(src if (p / "tokenizer_config.json").is_file() else resolve(base))
         else:
-            if not p.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
-                raise ModelError(f"{name}: no such model directory\n  {HINT}")
+            check_path(name)
             if p.is_file():
                 raise ModelError(f"{name}: is a file but not a .gguf model\n  {HINT}")
             if p.is_dir() and not (p / "config.json").is_file():

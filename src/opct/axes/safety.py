@@ -134,12 +134,19 @@ class SafetyAxis:
     # -- evaluation ------------------------------------------------------------------------------------------------
 
     def check(self, cfg) -> None:
-        """--judge llm: the options name an endpoint and a model, and the endpoint answers; before any model loads."""
-        if cfg.judge == "llm":
-            from opct.judges.safety import check_endpoint
+        """Before any model loads: --judge llm names an endpoint and a model, and the endpoint answers; --judge local
+        names a model that is not a missing directory."""
+        from opct.judges.safety import JudgeError, check_endpoint
 
+        if cfg.judge == "llm":
             self.judge(cfg)  # JudgeError without --judge-url and --judge-model
             check_endpoint(cfg.judge_url, cfg.judge_model)
+        elif cfg.judge == "local":
+            from opct.models import check_path
+
+            if not cfg.judge_model:
+                raise JudgeError("--judge local needs --judge-model (an alias, directory or Hub id)")
+            check_path(cfg.judge_model)
 
     def judge(self, cfg):
         from opct.judges.safety import get_judge
