@@ -586,3 +586,18 @@ def test_a_local_judge_without_a_model_or_with_a_missing_one_is_named_before_any
     assert code == 2 and "--judge local needs --judge-model" in err
     code, err, _ = cli(capsys, "eval", "--axis", "safety", "--judge", "local", "--judge-model", tmp_path / "nope")
     assert code == 2 and f"{tmp_path / 'nope'}: no such model directory" in err
+
+
+def test_a_demo_with_an_unknown_capability_task_stops_before_any_model_loads(capsys, monkeypatch, tmp_path):
+    """--capability runs after all the demo's training: an unknown task name used to stop it there, minutes in.
+    (lm-eval's index is faked here: the real one takes ~15 s to build.)"""
+    import types
+
+    import opct.backends
+    from opct.evals import capability
+
+    monkeypatch.setattr(capability, "task_manager", lambda offline, tasks: types.SimpleNamespace(all_tasks={"piqa"}))
+    monkeypatch.setattr(opct.backends, "load_for_inference", lambda *a, **k: pytest.fail("model loaded"))
+    code, err, _ = cli(capsys, "demo", "--capability", "piqa,nosuchtask", "--out", tmp_path / "demo")
+    assert code == 2 and "--capability: unknown lm-eval task(s) ['nosuchtask']" in err
+    assert not (tmp_path / "demo").exists()

@@ -126,6 +126,10 @@ def run_demo(cfg: DemoConfig) -> Path:
     if set(methods) - {"sft", "opct"}:
         raise RunError(f"--methods takes sft and/or opct, got {cfg.methods!r}")
     check_axis(axis, cfg)
+    if cfg.capability:  # an unknown task would otherwise stop the demo after all its training
+        from opct.evals.capability import check_tasks, resolve_suite
+
+        check_tasks(resolve_suite(cfg.capability)["tasks"], option="--capability")
     threads.use(cfg.threads)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}

@@ -158,6 +158,16 @@ def task_manager(offline: bool | None, tasks: list[str] | None = None):
     return _task_manager(tuple(include_paths(offline)), defaults)
 
 
+def check_tasks(tasks: list[str], offline: bool | None = None, option: str = "--tasks"):
+    """lm-eval's TaskManager for `tasks` (task_manager), after checking that it knows every one of them: a TaskError
+    naming the unknown ones otherwise. Indexing takes seconds, so callers check before long work."""
+    tm = task_manager(offline, tasks)
+    unknown = [t for t in tasks if t not in tm.all_tasks]
+    if unknown:
+        raise TaskError(f"{option}: unknown lm-eval task(s) {unknown}; e.g. {', '.join(SUITES['small']['tasks'])}")
+    return tm
+
+
 @functools.lru_cache(maxsize=4)
 def _task_manager(paths: tuple[str, ...], include_defaults: bool):
     import logging
@@ -213,10 +223,7 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
 
     if offline:
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    tm = task_manager(offline, tasks)
-    unknown = [t for t in tasks if t not in tm.all_tasks]
-    if unknown:
-        raise TaskError(f"--tasks: unknown lm-eval task(s) {unknown}; e.g. {', '.join(SUITES['small']['tasks'])}")
+    tm = check_tasks(tasks, offline)
     lm = make_lm(model, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length)
     groups: dict[int | None, list[str]] = {}
     for t in tasks:
