@@ -241,8 +241,8 @@ class VLLMSampler(_Closing):
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        """Shut the engine core down now (left to atexit, its teardown logs errors on closed streams), giving its
-        processes `ENGINE_EXIT_S` to exit on SIGTERM: vLLM's default 5 s is too short for its worker on a busy
+        """Shut the engine core down now (vLLM's own teardown at interpreter exit logs errors on closed streams),
+        giving its processes `ENGINE_EXIT_S` to exit on SIGTERM: vLLM's default 5 s is too short for its worker on a busy
         2-core machine, and the SIGKILL that follows leaves the worker's shared memory behind."""
         atexit.unregister(self.close)
         llm, self.llm = getattr(self, "llm", None), None

@@ -284,7 +284,7 @@ def _assemble(cfg: RunConfig, env: dict, out: Path, policy: Policy, model, rende
 
 def check_tensorboard(wanted: bool) -> None:
     """TensorBoard logging (on by default) needs the tensorboard package, which a venv that installed opct with
-    --no-deps (the vLLM recipe) may lack: say so before any model loads, not after."""
+    --no-deps may lack: say so before any model loads, not after."""
     if not wanted:
         return
     try:
