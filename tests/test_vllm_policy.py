@@ -31,7 +31,7 @@ class FakeSampler:
 def test_vllm_policy_samples_through_the_sampler_and_syncs_every_step(tiny_model_dir, tmp_path, monkeypatch,
                                                                      micro_batch):
     fake = FakeSampler()
-    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, max_model_len: fake)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: fake)
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)  # vllm need not be installed: the sampler is fake
     out = tmp_path / "run"
     train(cfg_for(tiny_model_dir, out, steps=3, sampler="vllm", micro_batch=micro_batch), pairs=make_pairs(),
@@ -98,31 +98,55 @@ def test_the_kv_cache_size_reaches_vllm_as_a_whole_number_and_its_sockets_a_fres
 
 def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
     """--vllm-url: a server that answers /health passes (its OpenAI base URL `.../v1` too); one that does not is
-    named with the reason; a server that stops mid-run gives an error naming the URL, not a bare urlopen error."""
+    named with the reason, so is one without run-time LoRA routes (with LoRA) or with too short a context; its base
+    model name comes from /v1/models; a server that stops mid-run gives an error naming the URL, not a bare urlopen
+    error."""
     import http.server
     import threading
 
     from opct.backends import BackendError, check_sampler
     from opct.backends.sampling import SamplingSettings
+    from opct.backends.vllm import make_sampler
     from opct.backends.vllm_sampler import VLLMServerSampler, unreachable
     from opct.config import TrainConfig
 
-    class Health(http.server.BaseHTTPRequestHandler):
+    lora_routes = [True]
+
+    class Server(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            body = {"/v1/models": b'{"data": [{"id": "/models/m", "max_model_len": 512, "parent": null}, '
+                                  b'{"id": "an-adapter", "parent": "/models/m"}]}', "/health": b""}.get(self.path)
+            self.send_response(404 if body is None else 200)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(400 if lora_routes[0] and self.path == "/v1/load_lora_adapter" else 404)
             self.end_headers()
 
         def log_message(self, *a):
             pass
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    server = http.server.HTTPServer(("127.0.0.1", 0), Server)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
+    cfg = TrainConfig(sampler="vllm-server", vllm_url=url + "/v1", lora_rank=20, max_new_tokens=100)
     try:
         assert unreachable(url) is None and unreachable(url + "/v1/") is None
-        check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url + "/v1"))
-        sampler = VLLMServerSampler([2], url=url + "/v1")
-        assert sampler.url == url
+        check_sampler(cfg)
+        sampler = make_sampler(cfg, [2], prompt_lengths=[300, 412])
+        assert sampler.url == url and sampler.served == "/models/m" and sampler.max_model_len == 512
+        with pytest.raises(BackendError, match=rf"--vllm-url {url}/v1: the server's context is 512 tokens .*this "
+                                               r"run needs 513 \(its longest prompt, 413, \+ --max-new-tokens 100\)"):
+            make_sampler(cfg, [2], prompt_lengths=[413])
+        lora_routes[0] = False
+        with pytest.raises(BackendError, match=r"cannot load LoRA adapters .*VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and "
+                                               r"--enable-lora --max-lora-rank 32$"):
+            check_sampler(cfg)
+        check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=0))  # full fine-tuning: no LoRA
+        with pytest.raises(RuntimeError, match=r"/v1/load_lora_adapter: HTTP 404: .*VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+            sampler._request("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/x"})
     finally:
         server.shutdown()
         server.server_close()
@@ -131,3 +155,13 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
     with pytest.raises(RuntimeError, match=rf"{url}/v1/completions: the vLLM server did not answer .*has it stopped"):
         sampler.sample([[1, 2]], SamplingSettings(4, 1.0, 1.0, 0), seed=0)
     sampler.close()
+
+
+def test_a_lora_rank_vllm_cannot_hold_is_refused_with_a_vllm_sampler():
+    from opct.backends.vllm_sampler import max_lora_rank
+    from opct.config import ConfigError, TrainConfig, validate
+
+    assert [max_lora_rank(r) for r in (1, 8, 9, 33, 512)] == [8, 8, 16, 64, 512]
+    validate(TrainConfig(lora_rank=1024))  # the training backend alone has no such limit
+    with pytest.raises(ConfigError, match="lora-rank.*must be <= 512 with a vLLM sampler"):
+        validate(TrainConfig(sampler="vllm", lora_rank=1024))

@@ -233,6 +233,71 @@ def test_opct_train_with_the_vllm_sampler_logs_kl_and_a_small_gap(model_dir, tmp
     assert json.loads((out / "run.json").read_text())["execution"]["sampler"] == "VLLMSampler"
 
 
+def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(model_dir, tmp_path):
+    """`opct train --sampler vllm-server --vllm-url` against a vLLM server started the way a user would: the model
+    served under its path (no --served-model-name), LoRA routes on, and vLLM's default `--generation-config auto`
+    with a generation_config.json whose defaults (repetition penalty, min-p) would change what is sampled. Same
+    tokens and losses as the server opct starts itself (which passes `--generation-config vllm`)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from opct.algo.opct import train
+    from opct.backends.vllm_sampler import API_SERVER, _free_port, unreachable
+    from opct.config import TrainConfig
+    from opct.data.pairs import load_pairs
+    from opct.judges import endpoint
+    from opct.judges.endpoint import EndpointError
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("vLLM's first-call compile needs a C++ compiler")
+    users = tmp_path / "users-model"
+    users.mkdir()
+    for f in Path(model_dir).iterdir():
+        if f.name != "generation_config.json":
+            (users / f.name).symlink_to(f)
+    gen = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    (users / "generation_config.json").write_text(json.dumps({**gen, "repetition_penalty": 1.5, "min_p": 0.2}))
+    port = _free_port()
+    env = {**{k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"},
+           "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = (tmp_path / "server.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", API_SERVER, "--model", str(users), "--host", "127.0.0.1",
+                               "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+                               "--enforce-eager", "--enable-lora", "--max-lora-rank", "8"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 900
+        while unreachable(url, timeout=5) is not None:
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            time.sleep(1)
+        pairs = load_pairs(Path(__file__).parent.parent / "examples" / "pairs.jsonl")
+        rows = {}
+        for name, extra in (("users", {"vllm_url": url}), ("own", {})):
+            cfg = TrainConfig(model="smollm2-135m-instruct", out=str(tmp_path / name), steps=2, prompts_per_step=4,
+                              micro_batch=4, max_new_tokens=16, lora_rank=8, save_every=0, tensorboard=False,
+                              sampler="vllm-server", backend="hf", device="cpu", **extra)
+            train(cfg, pairs=pairs, show_progress=False)
+            rows[name] = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        execution = json.loads((tmp_path / "users" / "run.json").read_text())["execution"]
+        assert execution["sampler"] == "VLLMServerSampler" and execution["vllm_max_model_len"] == 1024
+        # the LLM judge's pre-flight (one 1-token chat completion) against the same real server
+        endpoint.check(url, str(users))
+        with pytest.raises(EndpointError, match="HTTP 404.*no-such-model"):
+            endpoint.check(url, "no-such-model")
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(120)
+    assert "Loaded new LoRA adapter" in (tmp_path / "server.log").read_text()  # the steps' adapters reached it
+    assert len(rows["users"]) == len(rows["own"]) == 2
+    for x, y in zip(rows["users"], rows["own"]):
+        assert x["sampler_logp_gap"] < 1e-4 and x["response_tokens"] == y["response_tokens"]
+        for k in ("loss", "kl", "logp_student", "logp_teacher"):
+            assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), k
+
+
 def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
     """`torchrun --nproc-per-node 2 -m opct train --sampler vllm` on this CPU: each rank has its own engine and
     samples its half of the step's prompts with the request seeds one process would use, so the per-step metrics

@@ -289,6 +289,8 @@ def validate(cfg):
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
+    if getattr(cfg, "sampler", "policy") != "policy":  # 512: vLLM's largest max_lora_rank
+        _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
     if hasattr(cfg, "model"):
         _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)
     if isinstance(cfg, (RunConfig, DemoConfig)):

@@ -91,9 +91,9 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
 
         policy = HFPolicy(model, tok, eos_ids, cuda_graphs=getattr(cfg, "cuda_graphs", False))
     if getattr(cfg, "sampler", "policy") != "policy":
-        from opct.backends.vllm import VLLMPolicy, make_sampler, needed_model_len
+        from opct.backends.vllm import VLLMPolicy, make_sampler
 
-        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, needed_model_len(prompt_lengths, cfg.max_new_tokens)))
+        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, prompt_lengths))
     return policy
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 
 from opct.backends.base import Policy, Rollout
-from opct.backends.vllm_sampler import DEFAULT_MAX_MODEL_LEN, unreachable
+from opct.backends.vllm_sampler import DEFAULT_MAX_MODEL_LEN, loads_adapters, max_lora_rank, unreachable
 
 
 def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
@@ -64,10 +64,10 @@ class VLLMPolicy(Policy):
         self.sampler.close()
 
 
-def make_sampler(cfg, eos_ids, max_model_len: int = DEFAULT_MAX_MODEL_LEN):
+def make_sampler(cfg, eos_ids, prompt_lengths=()):
     """The vLLM sampler a config asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU).
-    `max_model_len`: the engine's context, at least the longest prompt + max_new_tokens of the run (the training
-    loop passes that, or DEFAULT_MAX_MODEL_LEN when it is shorter); a server given by --vllm-url has its own.
+    An engine or server started here gets a context of `needed_model_len` of the run's student prompt lengths (in
+    tokens); a server given by --vllm-url has its own, which must hold the longest prompt + max_new_tokens.
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
     device: under torchrun each rank has its own engine on its own GPU."""
     from opct.backends import resolve
@@ -77,7 +77,7 @@ def make_sampler(cfg, eos_ids, max_model_len: int = DEFAULT_MAX_MODEL_LEN):
     check(cfg)
     device, dtype, _ = resolve(cfg)
     kw = dict(dtype=str(dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
-              kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=max_model_len)
+              kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=needed_model_len(prompt_lengths, cfg.max_new_tokens))
     on_gpu = device.type == "cuda"
     gpu = str(torch.cuda.current_device()) if on_gpu else None
     if cfg.sampler == "vllm":
@@ -85,7 +85,16 @@ def make_sampler(cfg, eos_ids, max_model_len: int = DEFAULT_MAX_MODEL_LEN):
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
             return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
     if cfg.vllm_url:
-        return VLLMServerSampler(eos_ids, url=cfg.vllm_url, lora_rank=cfg.lora_rank)
+        sampler = VLLMServerSampler(eos_ids, url=cfg.vllm_url, lora_rank=cfg.lora_rank)
+        need = max(prompt_lengths, default=0) + cfg.max_new_tokens
+        if sampler.max_model_len is not None and sampler.max_model_len < need:
+            from opct.backends import BackendError
+
+            sampler.close()
+            raise BackendError(f"--vllm-url {cfg.vllm_url}: the server's context is {sampler.max_model_len} tokens "
+                               f"(its --max-model-len); this run needs {need} (its longest prompt, "
+                               f"{need - cfg.max_new_tokens}, + --max-new-tokens {cfg.max_new_tokens})")
+        return sampler
     extra_args = ("--gpu-memory-utilization", str(cfg.vllm_gpu_memory)) if on_gpu else ()
     with visible_device(gpu):
         return VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
@@ -102,10 +111,16 @@ def check(cfg) -> None:
     if (cfg.sampler == "vllm" or not cfg.vllm_url) and importlib.util.find_spec("vllm") is None:
         raise BackendError(f"--sampler {cfg.sampler} needs vllm installed in this environment (see .ci/vllm for a "
                            "recipe)" + ("; or pass --vllm-url of a running server" if cfg.sampler != "vllm" else ""))
-    why = unreachable(cfg.vllm_url) if cfg.sampler == "vllm-server" and cfg.vllm_url else None
+    if cfg.sampler != "vllm-server" or not cfg.vllm_url:
+        return
+    why = unreachable(cfg.vllm_url)
     if why:
         raise BackendError(f"--vllm-url {cfg.vllm_url}: no vLLM server answers there ({why}); start one, or leave "
                            "--vllm-url out and opct starts one")
+    if cfg.lora_rank > 0 and not loads_adapters(cfg.vllm_url):
+        raise BackendError(f"--vllm-url {cfg.vllm_url}: the server cannot load LoRA adapters at run time "
+                           "(/v1/load_lora_adapter answered 404); start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                           f"and --enable-lora --max-lora-rank {max_lora_rank(cfg.lora_rank)}")
 
 
 @contextmanager

@@ -71,7 +71,8 @@ def request_seed(seed: int, i: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
-def _max_lora_rank(rank: int) -> int:
+def max_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds an adapter of rank `rank`."""
     for r in LORA_RANKS:
         if r >= rank:
             return r
@@ -168,7 +169,7 @@ class VLLMSampler(_Closing):
         self.eos_ids = sorted(int(e) for e in eos_ids)
         self.lora = lora_rank > 0
         self.max_model_len = max_model_len
-        kw = dict(enable_lora=True, max_lora_rank=_max_lora_rank(lora_rank), max_loras=2) if self.lora else {}
+        kw = dict(enable_lora=True, max_lora_rank=max_lora_rank(lora_rank), max_loras=2) if self.lora else {}
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=enforce_eager, generation_config="vllm", worker_extension_cls=WORKER_EXT,
                        **kw, **llm_kwargs)
@@ -256,6 +257,27 @@ def server_root(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
+_LORA_ROUTES = "the server has no run-time LoRA routes: start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
+_DEV_ROUTES = ("the server cannot reload weights: start it with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+               "opct.backends.vllm_worker.WeightSync")
+# what a 404 from the routes a weight sync uses means: the server was started without them
+SYNC_ROUTES = {"/v1/load_lora_adapter": _LORA_ROUTES, "/v1/unload_lora_adapter": _LORA_ROUTES,
+               "/collective_rpc": _DEV_ROUTES, "/reset_prefix_cache": _DEV_ROUTES}
+
+
+def loads_adapters(url: str, timeout: float = 10) -> bool:
+    """Whether the server at `url` has vLLM's run-time LoRA routes: a load request with empty names, which such a
+    server refuses (HTTP 400) without loading anything, and one without them answers 404."""
+    req = urllib.request.Request(server_root(url) + "/v1/load_lora_adapter", method="POST",
+                                 data=json.dumps({"lora_name": "", "lora_path": ""}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout):
+            return True
+    except urllib.error.HTTPError as e:
+        return e.code != 404
+
+
 def unreachable(url: str, timeout: float = 10) -> str | None:
     """Why the vLLM server at `url` does not answer its /health with 200, or None when it does."""
     try:
@@ -277,12 +299,15 @@ def _free_port() -> int:
 
 
 class VLLMServerSampler(_Closing):
-    """Server mode: `url` of a running `vllm serve` (base model served as `model_name`; for LoRA started with
-    --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, for full fine-tuning with VLLM_SERVER_DEV_MODE=1 and
-    --worker-extension-cls opct.backends.vllm_worker.WeightSync, where opct is importable), or
-    `model_dir` to start one here on 127.0.0.1 (`vllm_cmd`: the command before the arguments, default this Python
-    running vLLM's OpenAI API server module; `["vllm", "serve"]` also works where that CLI does; its log goes to
-    <workdir>/server.log)."""
+    """Server mode: `url` of a running `vllm serve` (for LoRA started with --enable-lora, --max-lora-rank at least
+    the adapter's and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1; for full fine-tuning with VLLM_SERVER_DEV_MODE=1 and
+    --worker-extension-cls opct.backends.vllm_worker.WeightSync, where opct is importable; either way it must read
+    the adapter or weight files opct writes, so it shares this machine's file system), whose base model name and
+    context (`max_model_len`) are read from its /v1/models; or `model_dir` to start one here on 127.0.0.1, serving
+    it as `model_name` (`vllm_cmd`: the command before the arguments, default this Python running vLLM's OpenAI API
+    server module; `["vllm", "serve"]` also works where that CLI does; its log goes to <workdir>/server.log).
+    Every request sets its sampling parameters in full (penalties and min-p neutral), so a server's defaults from
+    the model's generation_config.json do not change what is sampled."""
 
     def __init__(self, eos_ids, *, url: str | None = None, model_dir: str | None = None, model_name: str = "base",
                  dtype: str = "float32", lora_rank: int = 0, max_model_len: int = DEFAULT_MAX_MODEL_LEN,
@@ -299,11 +324,22 @@ class VLLMServerSampler(_Closing):
         self.versions = _Versions(self.workdir)
         self.served = model_name  # the model name requests go to: the base, or the current adapter's name
         self.proc = None
-        self.max_model_len = max_model_len if url is None else None  # a running server's own is not known here
+        self.max_model_len = max_model_len  # a running server's own: read by _adopt
         if url is None:
             url = self._start(model_dir, dtype, lora_rank, max_model_len, seed, kv_cache_gib, start_timeout,
                               vllm_cmd, extra_args)
         self.url = server_root(url)
+        if self.proc is None:
+            self._adopt()
+
+    def _adopt(self) -> None:
+        """A running server's base model (the name requests go to while no adapter is loaded) and its context, from
+        /v1/models: `vllm serve DIR` serves DIR under its path unless it was given --served-model-name."""
+        base = [m for m in self._request("/v1/models")["data"] if not m.get("parent")]
+        if not base:
+            raise RuntimeError(f"{self.url}/v1/models lists no base model")
+        self.model_name = self.served = base[0]["id"]
+        self.max_model_len = base[0].get("max_model_len")
 
     def _start(self, model_dir, dtype, lora_rank, max_model_len, seed, kv_cache_gib, start_timeout, vllm_cmd,
                extra_args) -> str:
@@ -317,7 +353,7 @@ class VLLMServerSampler(_Closing):
             "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed), "--enforce-eager",
             "--generation-config", "vllm", "--worker-extension-cls", WORKER_EXT]
         if lora_rank > 0:
-            cmd += ["--enable-lora", "--max-lora-rank", str(_max_lora_rank(lora_rank)), "--max-loras", "2"]
+            cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(lora_rank)), "--max-loras", "2"]
         cmd += list(extra_args)
         self.cmd = cmd
         self.log_path = self.workdir / "server.log"
@@ -337,14 +373,17 @@ class VLLMServerSampler(_Closing):
         self.close()
         raise TimeoutError(f"vllm serve did not answer {url}/health within {start_timeout} s; see {self.log_path}")
 
-    def _post(self, path: str, body: dict):
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+    def _request(self, path: str, body: dict | None = None):
+        """GET `path` (no body) or POST `body` as JSON; the answer's JSON (or text)."""
+        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 raw = r.read()
         except urllib.error.HTTPError as e:
-            raise RuntimeError(f"{self.url}{path}: HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}") from e
+            hint = f"; {SYNC_ROUTES[path]}" if e.code == 404 and path in SYNC_ROUTES else ""
+            raise RuntimeError(f"{self.url}{path}: HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}"
+                               f"{hint}") from e
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
             raise RuntimeError(f"{self.url}{path}: the vLLM server did not answer ({getattr(e, 'reason', e)}); "
                                "has it stopped?") from e
@@ -353,13 +392,14 @@ class VLLMServerSampler(_Closing):
     def _complete(self, bodies: list[dict]) -> list[dict]:
         """One request per prompt (each has its own seed), sent together so the server batches them."""
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(bodies))) as ex:
-            return [r["choices"][0] for r in ex.map(lambda b: self._post("/v1/completions", b), bodies)]
+            return [r["choices"][0] for r in ex.map(lambda b: self._request("/v1/completions", b), bodies)]
 
     def sample(self, prompts_N: list[list[int]], settings, seed: int,
                first: int = 0) -> tuple[list[list[int]], list[list[float]]]:
         """As `VLLMSampler.sample`, through the server."""
         bodies = [{"model": self.served, "prompt": list(p), "max_tokens": settings.max_new_tokens,
                    "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k,
+                   "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                    "seed": request_seed(seed, first + i), "stop_token_ids": self.eos_ids, "logprobs": 0,
                    "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False}
                   for i, p in enumerate(prompts_N)]
@@ -380,7 +420,7 @@ class VLLMServerSampler(_Closing):
         out = []
         for s, st in zip(seqs_N, starts_N):
             body = {"model": self.served, "prompt": list(s), "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
-            c = self._post("/v1/completions", body)["choices"][0]
+            c = self._request("/v1/completions", body)["choices"][0]
             out.append([float(c["prompt_logprobs"][t][str(s[t])]["logprob"]) for t in range(st, len(s))])
         return out
 
@@ -390,16 +430,16 @@ class VLLMServerSampler(_Closing):
         new = self.versions.save(model, step)
         if _is_peft(model):
             name = f"opct-step{step}-v{new[0]}"
-            self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(new[1])})
+            self._request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(new[1])})
             old_name, self.served = self.served, name
         else:
-            self._post("/collective_rpc", {"method": "opct_reload_weights", "args": [str(new[1])]})
-            self._post("/reset_prefix_cache", {})
+            self._request("/collective_rpc", {"method": "opct_reload_weights", "args": [str(new[1])]})
+            self._request("/reset_prefix_cache", {})
             old_name, self.served = self.served, self.model_name
         old = self.versions.retire(new)
         if old is not None:
             if old_name != self.model_name:
-                self._post("/v1/unload_lora_adapter", {"lora_name": old_name})
+                self._request("/v1/unload_lora_adapter", {"lora_name": old_name})
             shutil.rmtree(old[1], ignore_errors=True)
         return time.perf_counter() - t0
 
