@@ -103,7 +103,7 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
 def check(cfg) -> None:
     """What the vLLM sampler a config asks for needs, checked before any model loads (start_run) and again when the
     sampler is made: vllm importable (unless the server is someone else's), and a server given by --vllm-url
-    answering."""
+    answering, with its run-time LoRA routes when the run trains a LoRA adapter."""
     import importlib.util
 
     from opct.backends import BackendError
