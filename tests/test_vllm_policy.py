@@ -165,3 +165,42 @@ def test_a_lora_rank_vllm_cannot_hold_is_refused_with_a_vllm_sampler():
     validate(TrainConfig(lora_rank=1024))  # the training backend alone has no such limit
     with pytest.raises(ConfigError, match="lora-rank.*must be <= 512 with a vLLM sampler"):
         validate(TrainConfig(sampler="vllm", lora_rank=1024))
+
+
+@pytest.mark.parametrize("served", ["the trained model", "another model"])
+def test_a_users_server_must_serve_the_model_being_trained(tiny_model_dir, tmp_path, monkeypatch, served):
+    """A server given by --vllm-url is probed once its first weights are synced: vLLM's log-probs of a fixed text
+    against the trainer's. The same model passes; another one is refused before any step (exit 2 from the CLI)."""
+    from opct.backends import BackendError
+
+    class UsersServer(FakeSampler):
+        external, url, model_name = True, "http://127.0.0.1:1", "/models/other"
+
+        def prompt_logprobs(self, seqs, starts):
+            self.probed = [s[st:] for s, st in zip(seqs, starts)]
+            if served == "another model":
+                return [[-0.7] * len(t) for t in self.probed]
+            policy = self.policy  # the trainer's own numbers, standing in for vLLM's on the same weights
+            ids = seqs[0]
+            return [policy.inner.score([ids[:1]], vllm_backend.Rollout([ids[:1]], [ids[1:]]), grad=False)
+                    .logp_NT[0].add(1e-5).tolist()]
+
+    fake = UsersServer()
+    real_init = vllm_backend.VLLMPolicy.__init__
+
+    def init(self, inner, sampler):
+        sampler.policy = self
+        real_init(self, inner, sampler)
+
+    monkeypatch.setattr(vllm_backend.VLLMPolicy, "__init__", init)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: fake)
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    cfg = cfg_for(tiny_model_dir, tmp_path / "run", steps=1, sampler="vllm-server")
+    if served == "another model":
+        with pytest.raises(BackendError, match=r"http://127.0.0.1:1: the server's model \(/models/other\) is not the "
+                                               r"one being trained: .* by \d+\.\d{3} nats a token"):
+            train(cfg, pairs=make_pairs(), show_progress=False)
+        assert fake.closed and not (tmp_path / "run" / "metrics.jsonl").exists()
+    else:
+        train(cfg, pairs=make_pairs(), show_progress=False)
+        assert fake.synced == [0, 1] and len(fake.probed[0]) > 5

@@ -25,6 +25,19 @@ def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
     return max(DEFAULT_MAX_MODEL_LEN, max(prompt_lengths, default=0) + max_new_tokens)
 
 
+PROBE = "Water boils at 100 degrees Celsius at sea level, and the capital of France is Paris."
+SAME_MODEL_GAP = 0.25  # nats a token; the same weights in float32: < 1e-4 (tests/test_vllm_sampler.py)
+
+
+def model_gap(policy: "VLLMPolicy") -> float:
+    """Mean |vLLM's log-prob - the trainer's| over the tokens of PROBE after its first token, with the weights
+    vLLM serves now: how far the sampler's model is from the one being trained."""
+    ids = policy.tok(PROBE, add_special_tokens=False)["input_ids"]
+    theirs = policy.sampler.prompt_logprobs([ids], [1])[0]
+    ours = policy.inner.score([ids[:1]], Rollout([ids[:1]], [ids[1:]]), grad=False).logp_NT[0].tolist()
+    return sum(abs(a - b) for a, b in zip(ours, theirs)) / len(theirs)
+
+
 class VLLMPolicy(Policy):
     name = "vllm"
 
@@ -34,6 +47,16 @@ class VLLMPolicy(Policy):
                                                                          inner.eos_ids, inner.device)
         self.steps = 0
         self.sync_seconds = sampler.sync(self.model, 0)  # vLLM serves the base weights until the first sync
+        if getattr(sampler, "external", False):  # a server the user started may serve another model
+            gap = model_gap(self)
+            if gap > SAME_MODEL_GAP:
+                from opct.backends import BackendError
+
+                sampler.close()
+                raise BackendError(f"--vllm-url {sampler.url}: the server's model ({sampler.model_name}) is not the "
+                                   f"one being trained: its log-probs of a probe text differ from the trainer's by "
+                                   f"{gap:.3f} nats a token on average (the same weights: < 0.001 in float32); "
+                                   "serve the model given by --model")
 
     def sample(self, prompts_N, settings, gen) -> Rollout:
         # a data-parallel rank's share of the draws (train/distributed.py ShardDraws): the run's generator, and

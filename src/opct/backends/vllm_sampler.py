@@ -329,7 +329,8 @@ class VLLMServerSampler(_Closing):
             url = self._start(model_dir, dtype, lora_rank, max_model_len, seed, kv_cache_gib, start_timeout,
                               vllm_cmd, extra_args)
         self.url = server_root(url)
-        if self.proc is None:
+        self.external = self.proc is None  # a server someone else started
+        if self.external:
             self._adopt()
 
     def _adopt(self) -> None:
