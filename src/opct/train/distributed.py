@@ -177,7 +177,8 @@ def wrap(model, replicas: Replicas, device: torch.device):
     if replicas.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(replica, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        # buffers (rotary frequencies) are the same on every rank: synced once at init, not before every forward
+        ddp = DDP(replica, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False)
         ddp.register_comm_hook(None, _sum_hook)
         return ddp
     if replicas.mode == "fsdp":
