@@ -20,6 +20,7 @@ Shape letters: B rows of this rank's batch.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -177,8 +178,11 @@ def wrap(model, replicas: Replicas, device: torch.device):
     if replicas.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        # buffers (rotary frequencies) are the same on every rank: synced once at init, not before every forward
-        ddp = DDP(replica, device_ids=[device.index] if device.type == "cuda" else None, forward_sync_buffers=False)
+        # buffers (rotary frequencies) are the same on every rank: not synced before every forward (torch 2.13
+        # renamed the setting; an older torch, as a GPU image may have, knows only broadcast_buffers)
+        name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
+            else "broadcast_buffers"
+        ddp = DDP(replica, device_ids=[device.index] if device.type == "cuda" else None, **{name: False})
         ddp.register_comm_hook(None, _sum_hook)
         return ddp
     if replicas.mode == "fsdp":
