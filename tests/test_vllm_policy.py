@@ -121,9 +121,16 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
             self.wfile.write(body or b"")
 
         def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(400 if lora_routes[0] and self.path == "/v1/load_lora_adapter" else 404)
+            name = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["lora_name"]
+            if not (lora_routes[0] and self.path == "/v1/load_lora_adapter"):  # vLLM's answer for a missing route
+                code, body = 404, b'{"error": {"message": "Not Found", "type": "Not Found", "code": 404}}'
+            elif not name:
+                code, body = 400, b'{"error": {"message": "Both lora_name and lora_path must be provided."}}'
+            else:  # vLLM's answer for an adapter path it cannot read
+                code, body = 404, b'{"error": {"message": "Loading lora x failed: No adapter found for /x"}}'
+            self.send_response(code)
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *a):
             pass
@@ -137,6 +144,8 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
         check_sampler(cfg)
         sampler = make_sampler(cfg, [2], prompt_lengths=[300, 412])
         assert sampler.url == url and sampler.served == "/models/m" and sampler.max_model_len == 512
+        with pytest.raises(RuntimeError, match=r"No adapter found for /x\"}}; the server reads the adapters opct writes"):
+            sampler._request("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/x"})
         with pytest.raises(BackendError, match=rf"--vllm-url {url}/v1: the server's context is 512 tokens .*this "
                                                r"run needs 513 \(its longest prompt, 413, \+ --max-new-tokens 100\)"):
             make_sampler(cfg, [2], prompt_lengths=[413])

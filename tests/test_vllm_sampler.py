@@ -283,6 +283,9 @@ def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(m
             rows[name] = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         execution = json.loads((tmp_path / "users" / "run.json").read_text())["execution"]
         assert execution["sampler"] == "VLLMServerSampler" and execution["vllm_max_model_len"] == 1024
+        # a route the server was started without (full fine-tuning's weight reload): the error says how to start it
+        with pytest.raises(RuntimeError, match=r"/collective_rpc: HTTP 404: .*VLLM_SERVER_DEV_MODE=1"):
+            VLLMServerSampler([], url=url)._request("/collective_rpc", {"method": "opct_reload_weights"})
         # the LLM judge's pre-flight (one 1-token chat completion) against the same real server
         endpoint.check(url, str(users))
         with pytest.raises(EndpointError, match="HTTP 404.*no-such-model"):

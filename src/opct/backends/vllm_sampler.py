@@ -260,9 +260,17 @@ def server_root(url: str) -> str:
 _LORA_ROUTES = "the server has no run-time LoRA routes: start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
 _DEV_ROUTES = ("the server cannot reload weights: start it with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
                "opct.backends.vllm_worker.WeightSync")
-# what a 404 from the routes a weight sync uses means: the server was started without them
 SYNC_ROUTES = {"/v1/load_lora_adapter": _LORA_ROUTES, "/v1/unload_lora_adapter": _LORA_ROUTES,
                "/collective_rpc": _DEV_ROUTES, "/reset_prefix_cache": _DEV_ROUTES}
+
+
+def _hint(path: str, code: int, text: str) -> str:
+    """What an HTTP error from a route of the weight sync most likely means, for the error message."""
+    if path == "/v1/load_lora_adapter" and "No adapter found" in text:
+        return "; the server reads the adapters opct writes: run it on this machine or on a shared file system"
+    if code == 404 and path in SYNC_ROUTES and '"Not Found"' in text:  # the answer for a route the server lacks
+        return f"; {SYNC_ROUTES[path]}"
+    return ""
 
 
 def loads_adapters(url: str, timeout: float = 10) -> bool:
@@ -382,9 +390,8 @@ class VLLMServerSampler(_Closing):
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 raw = r.read()
         except urllib.error.HTTPError as e:
-            hint = f"; {SYNC_ROUTES[path]}" if e.code == 404 and path in SYNC_ROUTES else ""
-            raise RuntimeError(f"{self.url}{path}: HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}"
-                               f"{hint}") from e
+            text = e.read().decode(errors="replace")[:2000]
+            raise RuntimeError(f"{self.url}{path}: HTTP {e.code}: {text}{_hint(path, e.code, text)}") from e
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
             raise RuntimeError(f"{self.url}{path}: the vLLM server did not answer ({getattr(e, 'reason', e)}); "
                                "has it stopped?") from e
