@@ -350,9 +350,15 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_not_run(tiny_model_dir, tmp
 
 
 def test_resume_edges_refusals_litter_and_a_truncated_checkpoint(tiny_model_dir, tmp_path):
+    # threads=2 throughout, as in test_resume_reproduces_uninterrupted_metrics: on a busy machine `threads: 0` can
+    # give the two runs different thread counts in a step, and grad_norm then differs in its 6th digit
     out = tmp_path / "run"
     full = tmp_path / "full"
-    train(cfg_for(tiny_model_dir, full, steps=5, save_every=2), pairs=make_pairs(), show_progress=False)
+
+    def cfg(path, steps=5, **kw):
+        return cfg_for(tiny_model_dir, path, steps=steps, save_every=2, threads=2, **kw)
+
+    train(cfg(full), pairs=make_pairs(), show_progress=False)
 
     def die_at(n):
         def probe(model, tok):
@@ -360,15 +366,13 @@ def test_resume_edges_refusals_litter_and_a_truncated_checkpoint(tiny_model_dir,
                 raise Killed
         return probe
     with pytest.raises(Killed):
-        train(cfg_for(tiny_model_dir, out, steps=5, save_every=2), pairs=make_pairs(), probe=die_at(3), probe_every=1,
-              show_progress=False)
+        train(cfg(out), pairs=make_pairs(), probe=die_at(3), probe_every=1, show_progress=False)
     # a kill during a checkpoint write leaves a temporary directory; resuming removes it
     (out / "checkpoints" / ".step-000004.tmp-x").mkdir()
     with pytest.raises(RunError, match=r"--lr 0.01 -> 0.02"):
-        train(cfg_for(tiny_model_dir, out, steps=5, save_every=2, resume=True, lr=2e-2), pairs=make_pairs(),
-              show_progress=False)
+        train(cfg(out, resume=True, lr=2e-2), pairs=make_pairs(), show_progress=False)
     with pytest.raises(RunError, match="beyond --steps 1"):
-        train(cfg_for(tiny_model_dir, out, steps=1, save_every=2, resume=True), pairs=make_pairs(), show_progress=False)
+        train(cfg(out, steps=1, resume=True), pairs=make_pairs(), show_progress=False)
     # a truncated file in the newest checkpoint: resume falls back to the previous one (step 2; the kill came
     # before step 4's checkpoint, so a truncated copy poses as it)
     import shutil
@@ -378,7 +382,7 @@ def test_resume_edges_refusals_litter_and_a_truncated_checkpoint(tiny_model_dir,
     shutil.copytree(good, bad)
     f = bad / "optim.pt"
     f.write_bytes(f.read_bytes()[:100])
-    train(cfg_for(tiny_model_dir, out, steps=5, save_every=2, resume=True), pairs=make_pairs(), show_progress=False)
+    train(cfg(out, resume=True), pairs=make_pairs(), show_progress=False)
     assert not list((out / "checkpoints").glob(".step-*"))
     a, b = metrics(full), metrics(out)
     for ra, rb in zip(a, b):
