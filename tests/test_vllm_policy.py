@@ -8,7 +8,7 @@ import pytest
 
 from opct.algo.opct import train
 from opct.backends import vllm as vllm_backend
-from test_train import cfg_for, make_pairs
+from test_train import Killed, cfg_for, make_pairs
 
 
 class FakeSampler:
@@ -213,3 +213,33 @@ def test_a_users_server_must_serve_the_model_being_trained(tiny_model_dir, tmp_p
     else:
         train(cfg, pairs=make_pairs(), show_progress=False)
         assert fake.synced == [0, 1] and len(fake.probed[0]) > 5
+
+
+def test_a_resumed_run_syncs_the_checkpoints_weights_before_its_first_sample(tiny_model_dir, tmp_path, monkeypatch):
+    """--resume with a vLLM sampler: the checkpoint's weights reach vLLM before the first resumed step samples (not
+    the freshly built adapter that the engine was given when the policy was made)."""
+
+    class Recording(FakeSampler):
+        def sync(self, model, step):
+            weights = sum(float(p.detach().double().sum()) for p in model.parameters() if p.requires_grad)
+            self.synced.append((step, weights))
+            return 0.0
+
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    out = tmp_path / "run"
+    first = Recording()
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: first)
+
+    def stop_after_step_3(model, tok):
+        if len(first.synced) == 4:  # steps 1-3 done, the step-2 checkpoint written
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg_for(tiny_model_dir, out, steps=4, save_every=2, sampler="vllm"), pairs=make_pairs(),
+              probe=stop_after_step_3, probe_every=1, show_progress=False)
+    again = Recording()
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: again)
+    train(cfg_for(tiny_model_dir, out, steps=4, save_every=2, sampler="vllm", resume=True), pairs=make_pairs(),
+          show_progress=False)
+    assert [s for s, _ in first.synced] == [0, 1, 2, 3] and [s for s, _ in again.synced] == [0, 2, 3, 4]
+    assert again.synced[1][1] == first.synced[2][1] != again.synced[0][1]  # step 2's weights, served before step 3

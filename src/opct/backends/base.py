@@ -87,6 +87,9 @@ class Policy:
     def after_step(self) -> None:
         """Called after every optimizer step. In-process backends read the live weights and need nothing."""
 
+    def after_load(self, step: int) -> None:
+        """Called when a resumed checkpoint of `step` has replaced the trainable weights; as after_step."""
+
     def close(self) -> None:
         """Release what the policy holds outside this process (a vLLM engine or server); nothing in-process."""
 

@@ -79,6 +79,12 @@ class VLLMPolicy(Policy):
         self.steps += 1
         self.sync_seconds = self.sampler.sync(self.model, self.steps)
 
+    def after_load(self, step: int) -> None:
+        """A resumed checkpoint's weights go to vLLM before the first resumed step samples."""
+        self.inner.after_load(step)
+        self.steps = step
+        self.sync_seconds = self.sampler.sync(self.model, step)
+
     def describe(self) -> dict:
         return {**self.inner.describe(), "sampler": type(self.sampler).__name__,
                 "vllm_max_model_len": getattr(self.sampler, "max_model_len", None)}

@@ -272,6 +272,8 @@ def _assemble(cfg: RunConfig, env: dict, out: Path, policy: Policy, model, rende
             checkpoint.remove_partial(out)
         replicas.barrier()
         start = resume_from(out, policy, optimizer, scheduler, gen, cfg.steps)
+        if start:
+            policy.after_load(start)
     if replicas.is_main:
         atomic_write(out / "config.yaml", to_yaml(cfg))
     log = MetricsLog(out, resume_step=start, tensorboard=cfg.tensorboard) if replicas.is_main else NullLog()
