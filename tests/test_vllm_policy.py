@@ -96,7 +96,7 @@ def test_the_kv_cache_size_reaches_vllm_as_a_whole_number_and_its_sockets_a_fres
         validate(TrainConfig(vllm_kv_cache_gib=1.5))
 
 
-def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
+def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monkeypatch):
     """--vllm-url: a server that answers /health passes (its OpenAI base URL `.../v1` too); one that does not is
     named with the reason, so is one without run-time LoRA routes (with LoRA) or with too short a context; its base
     model name comes from /v1/models; a server that stops mid-run gives an error naming the URL, not a bare urlopen
@@ -110,10 +110,20 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
     from opct.backends.vllm_sampler import VLLMServerSampler, unreachable
     from opct.config import TrainConfig
 
-    lora_routes = [True]
+    lora_routes, key = [True], [None]
 
     class Server(http.server.BaseHTTPRequestHandler):
+        def refused(self):  # vLLM's --api-key guards /v1/*
+            if self.path.startswith("/v1") and key[0] and self.headers.get("Authorization") != f"Bearer {key[0]}":
+                self.send_response(401)
+                self.end_headers()
+                self.wfile.write(b'{"error": "Unauthorized"}')
+                return True
+            return False
+
         def do_GET(self):
+            if self.refused():
+                return
             body = {"/v1/models": b'{"data": [{"id": "/models/m", "max_model_len": 512, "parent": null}, '
                                   b'{"id": "an-adapter", "parent": "/models/m"}]}', "/health": b""}.get(self.path)
             self.send_response(404 if body is None else 200)
@@ -121,6 +131,8 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
             self.wfile.write(body or b"")
 
         def do_POST(self):
+            if self.refused():
+                return
             name = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["lora_name"]
             if not (lora_routes[0] and self.path == "/v1/load_lora_adapter"):  # vLLM's answer for a missing route
                 code, body = 404, b'{"error": {"message": "Not Found", "type": "Not Found", "code": 404}}'
@@ -154,6 +166,15 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named():
                                                r"--enable-lora --max-lora-rank 32$"):
             check_sampler(cfg)
         check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=0))  # full fine-tuning: no LoRA
+        key[0] = "s3cret"  # a server started with --api-key
+        with pytest.raises(BackendError, match=rf"--vllm-url {url}/v1: it wants an API key: set \$OPCT_VLLM_API_KEY"):
+            check_sampler(cfg)
+        monkeypatch.setenv("OPCT_VLLM_API_KEY", "wrong")
+        with pytest.raises(BackendError, match=r"it refused the API key in \$OPCT_VLLM_API_KEY"):
+            check_sampler(cfg)
+        monkeypatch.setenv("OPCT_VLLM_API_KEY", "s3cret")
+        assert VLLMServerSampler([2], url=url).served == "/models/m"  # requests carry the key
+        key[0] = None
         with pytest.raises(RuntimeError, match=r"/v1/load_lora_adapter: HTTP 404: .*VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
             sampler._request("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/x"})
     finally:

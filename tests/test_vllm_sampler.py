@@ -233,17 +233,19 @@ def test_opct_train_with_the_vllm_sampler_logs_kl_and_a_small_gap(model_dir, tmp
     assert json.loads((out / "run.json").read_text())["execution"]["sampler"] == "VLLMSampler"
 
 
-def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(model_dir, tmp_path):
+def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(model_dir, tmp_path, monkeypatch):
     """`opct train --sampler vllm-server --vllm-url` against a vLLM server started the way a user would: the model
-    served under its path (no --served-model-name), LoRA routes on, and vLLM's default `--generation-config auto`
-    with a generation_config.json whose defaults (repetition penalty, min-p) would change what is sampled. Same
-    tokens and losses as the server opct starts itself (which passes `--generation-config vllm`)."""
+    served under its path (no --served-model-name), an API key, LoRA routes on, and vLLM's default
+    `--generation-config auto` with a generation_config.json whose defaults (repetition penalty, min-p) would change
+    what is sampled. Same tokens and losses as the server opct starts itself (which passes `--generation-config
+    vllm`)."""
     import os
     import subprocess
     import sys
     import time
 
     from opct.algo.opct import train
+    from opct.backends import BackendError, check_sampler
     from opct.backends.vllm_sampler import API_SERVER, _free_port, unreachable
     from opct.config import TrainConfig
     from opct.data.pairs import load_pairs
@@ -265,7 +267,7 @@ def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(m
     log = (tmp_path / "server.log").open("wb")
     server = subprocess.Popen([sys.executable, "-m", API_SERVER, "--model", str(users), "--host", "127.0.0.1",
                                "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
-                               "--enforce-eager", "--enable-lora", "--max-lora-rank", "8"],
+                               "--enforce-eager", "--enable-lora", "--max-lora-rank", "8", "--api-key", "k3y"],
                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -274,6 +276,10 @@ def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(m
             assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
             time.sleep(1)
         pairs = load_pairs(Path(__file__).parent.parent / "examples" / "pairs.jsonl")
+        with pytest.raises(BackendError, match=r"it wants an API key: set \$OPCT_VLLM_API_KEY"):
+            check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=8))
+        monkeypatch.setenv("OPCT_VLLM_API_KEY", "k3y")
+        monkeypatch.setenv("OPCT_JUDGE_API_KEY", "k3y")
         rows = {}
         for name, extra in (("users", {"vllm_url": url}), ("own", {})):
             cfg = TrainConfig(model="smollm2-135m-instruct", out=str(tmp_path / name), steps=2, prompts_per_step=4,

@@ -135,7 +135,7 @@ class RunConfig(ExecConfig):
                        "127.0.0.1). Needs vllm installed (see .ci/vllm)", choices=["policy", "vllm", "vllm-server"])
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
-                        "(README: Sampling with vLLM); empty = start one")
+                        "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one")
     vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache")
     vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
                                  "(weights + KV cache); training gets the rest")

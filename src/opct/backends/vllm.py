@@ -17,7 +17,8 @@ from contextlib import contextmanager
 import torch
 
 from opct.backends.base import Policy, Rollout
-from opct.backends.vllm_sampler import DEFAULT_MAX_MODEL_LEN, loads_adapters, max_lora_rank, unreachable
+from opct.backends.vllm_sampler import (DEFAULT_MAX_MODEL_LEN, loads_adapters, max_lora_rank, unauthorized,
+                                        unreachable)
 
 
 def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
@@ -132,7 +133,8 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
 def check(cfg) -> None:
     """What the vLLM sampler a config asks for needs, checked before any model loads (start_run) and again when the
     sampler is made: vllm importable (unless the server is someone else's), and a server given by --vllm-url
-    answering, with its run-time LoRA routes when the run trains a LoRA adapter."""
+    answering, taking this client (an API key from $OPCT_VLLM_API_KEY) and with its run-time LoRA routes when the run
+    trains a LoRA adapter."""
     import importlib.util
 
     from opct.backends import BackendError
@@ -146,6 +148,9 @@ def check(cfg) -> None:
     if why:
         raise BackendError(f"--vllm-url {cfg.vllm_url}: no vLLM server answers there ({why}); start one, or leave "
                            "--vllm-url out and opct starts one")
+    why = unauthorized(cfg.vllm_url)
+    if why:
+        raise BackendError(f"--vllm-url {cfg.vllm_url}: {why}")
     if cfg.lora_rank > 0 and not loads_adapters(cfg.vllm_url):
         raise BackendError(f"--vllm-url {cfg.vllm_url}: the server cannot load LoRA adapters at run time "
                            "(/v1/load_lora_adapter answered 404); start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "

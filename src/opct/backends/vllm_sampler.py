@@ -264,8 +264,18 @@ SYNC_ROUTES = {"/v1/load_lora_adapter": _LORA_ROUTES, "/v1/unload_lora_adapter":
                "/collective_rpc": _DEV_ROUTES, "/reset_prefix_cache": _DEV_ROUTES}
 
 
+API_KEY_ENV = "OPCT_VLLM_API_KEY"  # the bearer token for a server started with --api-key
+
+
+def _headers() -> dict:
+    key = os.environ.get(API_KEY_ENV)
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+
+
 def _hint(path: str, code: int, text: str) -> str:
-    """What an HTTP error from a route of the weight sync most likely means, for the error message."""
+    """What an HTTP error from the server most likely means, for the error message."""
+    if code == 401:
+        return f"; the server wants an API key: set ${API_KEY_ENV}"
     if path == "/v1/load_lora_adapter" and "No adapter found" in text:
         return "; the server reads the adapters opct writes: run it on this machine or on a shared file system"
     if code == 404 and path in SYNC_ROUTES and '"Not Found"' in text:  # the answer for a route the server lacks
@@ -277,13 +287,25 @@ def loads_adapters(url: str, timeout: float = 10) -> bool:
     """Whether the server at `url` has vLLM's run-time LoRA routes: a load request with empty names, which such a
     server refuses (HTTP 400) without loading anything, and one without them answers 404."""
     req = urllib.request.Request(server_root(url) + "/v1/load_lora_adapter", method="POST",
-                                 data=json.dumps({"lora_name": "", "lora_path": ""}).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 data=json.dumps({"lora_name": "", "lora_path": ""}).encode(), headers=_headers())
     try:
         with urllib.request.urlopen(req, timeout=timeout):
             return True
     except urllib.error.HTTPError as e:
         return e.code != 404
+
+
+def unauthorized(url: str, timeout: float = 10) -> str | None:
+    """Why the server at `url` refuses this client its /v1/models (it wants an API key, or another one), or None."""
+    req = urllib.request.Request(server_root(url) + "/v1/models", headers=_headers())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout):
+            return None
+    except urllib.error.HTTPError as e:
+        if e.code != 401:
+            return None
+        return f"it refused the API key in ${API_KEY_ENV}" if API_KEY_ENV in os.environ else \
+            f"it wants an API key: set ${API_KEY_ENV}"
 
 
 def unreachable(url: str, timeout: float = 10) -> str | None:
@@ -385,7 +407,7 @@ class VLLMServerSampler(_Closing):
     def _request(self, path: str, body: dict | None = None):
         """GET `path` (no body) or POST `body` as JSON; the answer's JSON (or text)."""
         req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers=_headers())
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 raw = r.read()
