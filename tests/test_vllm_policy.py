@@ -264,3 +264,54 @@ def test_a_resumed_run_syncs_the_checkpoints_weights_before_its_first_sample(tin
           show_progress=False)
     assert [s for s, _ in first.synced] == [0, 1, 2, 3] and [s for s, _ in again.synced] == [0, 2, 3, 4]
     assert again.synced[1][1] == first.synced[2][1] != again.synced[0][1]  # step 2's weights, served before step 3
+
+
+def test_ranks_sharing_one_server_load_their_adapters_under_their_own_names(tiny_model_dir, tmp_path, monkeypatch):
+    """--vllm-url under torchrun: every rank syncs its adapter into the same server, which refuses a name it has
+    already loaded (as vLLM does), so each rank's adapter names carry its rank."""
+    import http.server
+    import threading
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from opct.backends.vllm_sampler import VLLMServerSampler
+    from opct.models import peft_quietly
+
+    loaded = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"data": [{"id": "m", "max_model_len": 512, "parent": null}]}')
+
+        def do_POST(self):
+            name = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["lora_name"]
+            fresh = self.path != "/v1/load_lora_adapter" or name not in loaded
+            if self.path == "/v1/load_lora_adapter" and fresh:
+                loaded.append(name)
+            self.send_response(200 if fresh else 400)
+            self.end_headers()
+            self.wfile.write(b"Success" if fresh else b'{"error": {"message": "already been loaded"}}')
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with peft_quietly():
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                               LoraConfig(r=4, target_modules="all-linear"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    try:
+        for rank in (0, 1):
+            monkeypatch.setenv("RANK", str(rank))
+            with VLLMServerSampler([2], url=f"http://127.0.0.1:{server.server_port}", lora_rank=4,
+                                   workdir=str(tmp_path / f"rank{rank}")) as sampler:
+                sampler.sync(model, 0)
+                sampler.sync(model, 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert loaded == ["opct-rank0-step0-v1", "opct-rank0-step1-v2", "opct-rank1-step0-v1", "opct-rank1-step1-v2"]

@@ -352,6 +352,8 @@ class VLLMServerSampler(_Closing):
         self.model_name = model_name
         self.timeout = request_timeout
         self.versions = _Versions(self.workdir)
+        # data-parallel ranks sharing one server (--vllm-url under torchrun) each load their own adapters
+        self.rank = f"rank{os.environ.get('RANK', '0')}-" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
         self.served = model_name  # the model name requests go to: the base, or the current adapter's name
         self.proc = None
         self.max_model_len = max_model_len  # a running server's own: read by _adopt
@@ -459,7 +461,7 @@ class VLLMServerSampler(_Closing):
         t0 = time.perf_counter()
         new = self.versions.save(model, step)
         if _is_peft(model):
-            name = f"opct-step{step}-v{new[0]}"
+            name = f"opct-{self.rank}step{step}-v{new[0]}"
             self._request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(new[1])})
             old_name, self.served = self.served, name
         else:
