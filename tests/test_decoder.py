@@ -184,6 +184,8 @@ def test_lora_body_is_merged_in_place_into_kept_packed_weights(tmp_path, dtype):
     from conftest import make_tiny_model
 
     torch_dtype = getattr(torch, dtype)
+    if not gemm.onednn_works(torch_dtype):
+        pytest.skip(f"oneDNN cannot run {dtype} products on this CPU")
     if gemm.block_rows(256, 128, 3, torch_dtype) is None:
         pytest.skip("oneDNN's packed layout here is not whole row blocks")
     model, tok = lora_model(make_tiny_model(tmp_path / "m128", hidden=128))
@@ -236,6 +238,26 @@ def test_bf16_decode_follows_the_lora_model_to_bf16_rounding(tiny_model_dir):
     assert (hf0 - hf).abs().max() > 5 * err  # the adapter's effect is well above the rounding
     dec = LeanDecoder.build(model, 3)
     assert dec.head.dtype == torch.bfloat16 and dec.layers[0]["qkv"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("bf16_onednn", [True, False])
+def test_bf16_decode_takes_plain_products_where_onednn_cannot_run_bfloat16(tiny_model_dir, monkeypatch, bf16_onednn):
+    """On a CPU without AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT oneDNN cannot pack bfloat16 weights (it raised there
+    before): decode_dtype=bfloat16 then takes plain bfloat16 products, with the same logits to bfloat16 rounding."""
+    from opct.backends.cpu import decoder, gemm
+
+    if bf16_onednn and not gemm.onednn_works(torch.bfloat16):
+        pytest.skip("oneDNN cannot run bfloat16 products on this CPU")
+    works = gemm.onednn_works
+    monkeypatch.setattr(gemm, "onednn_works", lambda dtype=torch.float32: works(dtype) and
+                        (bf16_onednn or dtype == torch.float32))
+    model, tok = lora_model(tiny_model_dir)
+    decoder.configure("onednn", "bfloat16")
+    tokens = torch.tensor([[100, 200, 300, 7], [5, 2, 9, 11], [42, 43, 44, 45]])
+    hf, lean = hf_and_lean_logits(model, tok, tokens)
+    assert (hf - lean).abs().max() < 0.05 * hf.abs().max()
+    dec = LeanDecoder.build(model, 3)
+    assert dec.layers[0]["qkv"].kind == ("onednn" if bf16_onednn else "dense")
 
 
 def test_bf16_decode_samples_valid_responses_and_float32_is_unchanged(tiny_model_dir):

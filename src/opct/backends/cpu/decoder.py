@@ -121,7 +121,7 @@ def packing(w: torch.Tensor) -> str:
     want = SETTINGS["matmul"]
     if w.device.type != "cpu" or w.dtype != torch.float32:
         return "dense"
-    if want == "onednn" and gemm.onednn_works():
+    if want == "onednn" and gemm.onednn_works(SETTINGS["dtype"]):
         return "onednn"
     if want in ("onednn", "mkl") and SETTINGS["dtype"] == torch.float32 and torch.backends.mkl.is_available() \
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"):

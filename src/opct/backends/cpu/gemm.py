@@ -53,14 +53,16 @@ def configure(kernel: str = "onednn", pack: bool = True) -> str:
 
 
 @functools.cache
-def onednn_works() -> bool:
-    """Whether oneDNN's linear runs and agrees with torch here (checked once a process, on a tiny product): some
-    builds list the op but cannot run it on this CPU, and those must take torch's ops, not fail."""
+def onednn_works(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN's linear, on a weight it has packed, runs in `dtype` and agrees with torch here (checked once
+    a process and dtype, on a tiny product): some builds list the op but cannot run it on this CPU, and bfloat16
+    needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, which an AVX2 CPU lacks; those must take torch's ops, not fail."""
     if _OP is None or not torch.backends.mkldnn.is_available():
         return False
     try:
-        x, w = torch.arange(6.0).view(2, 3), torch.arange(12.0).view(4, 3)
-        return bool(torch.equal(_OP(x, w, None, "none", [], ""), x @ w.T))
+        x, w = torch.arange(6.0).view(2, 3).to(dtype), torch.arange(12.0).view(4, 3).to(dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 2) if dtype != torch.float32 else w
+        return bool(torch.equal(_OP(x, packed, None, "none", [], ""), x @ w.T))
     except RuntimeError:
         return False
 
@@ -154,7 +156,7 @@ def block_rows(out_features: int, in_features: int, rows: int, dtype: torch.dtyp
     (`packed_blocks`)."""
     O, I = out_features, in_features
     exact = round(2 / torch.finfo(dtype).eps)  # integers up to this are exact: 256 in bfloat16, 2^24 in fp32
-    if not onednn_works() or not hasattr(torch.ops.mkldnn, "data_ptr") or max(O, I) > 251 * exact \
+    if not onednn_works(dtype) or not hasattr(torch.ops.mkldnn, "data_ptr") or max(O, I) > 251 * exact \
             or (dtype == torch.bfloat16 and I % 2):
         return None
     r_OI = torch.arange(O, dtype=torch.float32)[:, None].expand(O, I)
