@@ -62,8 +62,8 @@ class ExecConfig:
                              choices=["onednn", "mkl", "dense"], group=CPU)
     decode_dtype: str = opt("float32", "the lean decoder's matmuls on bfloat16 copies of the (LoRA-merged) weights: "
                             "faster sampling from a policy rounded to bfloat16 (slightly off-policy; the losses stay "
-                            "float32). Faster only where oneDNN packs bfloat16 (AVX-512 or AVX-NE-CONVERT); an AVX2 "
-                            "CPU takes plain bfloat16 products", choices=["float32", "bfloat16"], group=CPU)
+                            "float32). Where oneDNN cannot pack bfloat16 (a CPU without AVX-512 or AVX-NE-CONVERT) "
+                            "the products are plain bfloat16 ones", choices=["float32", "bfloat16"], group=CPU)
     decode_huge_pages: bool = opt(True, "the lean decoder's kept packed weights are moved once onto 2 MB pages (Linux "
                                   "MADV_COLLAPSE), so a decode token streams them with fewer TLB misses", group=CPU)
     short_attention: bool = opt(True, "attention as two batched matmuls at short lengths; beyond, SDPA's flash kernel "
