@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import warnings
 import zipfile
 
 import pytest
@@ -232,8 +233,10 @@ def test_loaded_pair_and_adapter_dir_are_evaluated_as_given(smoke, fake_cache, t
     model, tok = lora_model(tiny_model_dir)
     model.save_pretrained(tmp_path / "adapter")
     tok.save_pretrained(tmp_path / "adapter")
-    run_capability(str(tmp_path / "adapter"), ["arc_easy"], limit=2, batch_size=2, offline=True,
-                   log_samples_dir=tmp_path / "adapter_samples")
+    with warnings.catch_warnings():  # no transformers deprecation warning from lm-eval's PEFT wrapping
+        warnings.simplefilter("error", FutureWarning)
+        run_capability(str(tmp_path / "adapter"), ["arc_easy"], limit=2, batch_size=2, offline=True,
+                       log_samples_dir=tmp_path / "adapter_samples")
     with_adapter = logliks(tmp_path / "adapter_samples")
     assert not with_adapter == pytest.approx(base, abs=1e-3)
     run_capability((model.merge_and_unload(), tok), ["arc_easy"], limit=2, batch_size=2, offline=True,

@@ -115,8 +115,11 @@ def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float3
     if isinstance(model, (tuple, list)):
         module, tok = model
         return HFLM(pretrained=module, tokenizer=tok, batch_size=batch_size, **extra)
+    from opct.models import peft_quietly
+
     pretrained, peft = _model_args(str(model))
-    return HFLM(pretrained=pretrained, peft=peft, device=device, dtype=dtype, batch_size=batch_size, **extra)
+    with peft_quietly():  # lm-eval wraps an adapter with PEFT, which trips transformers' deprecation warning
+        return HFLM(pretrained=pretrained, peft=peft, device=device, dtype=dtype, batch_size=batch_size, **extra)
 
 
 def lm_eval_command(model: str, tasks: list[str], *, limit: int | None, batch_size: int, offline: bool | None = None,
