@@ -33,3 +33,76 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
     for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy"):
         assert again[metric] == res["methods"]["opct"][metric], metric
 
+
+
+def test_axis_names():
+    import pytest
+
+    from opct.axes import AXES, AxisError, axis_names
+
+    assert axis_names("all") == list(AXES) and axis_names("safety, sycophancy,safety") == ["safety", "sycophancy"]
+    for bad in ("syco", "all,jailbreak", " , "):
+        with pytest.raises(AxisError, match="known axes"):
+            axis_names(bad)
+
+
+def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(tiny_model_dir, tmp_path, capsys,
+                                                                              monkeypatch):
+    """`opct demo --axis sycophancy,safety`: one demo per axis under --out with its own defaults; stopped during
+    the second axis' training, the same command keeps the first (not rerun) and redoes the second; summary.json and
+    the summary report carry each axis' headline cells as in its results.json."""
+    import os
+
+    import yaml
+
+    import opct.algo.opct as algo
+
+    out = tmp_path / "axes"
+    cmd = ["demo", "--axis", "sycophancy,safety", "--model", str(tiny_model_dir), "--out", str(out), "--n-train", "6",
+           "--n-eval", "2", "--cued-n", "2", "--steps", "1", "--prompts-per-step", "2", "--max-new-tokens", "4",
+           "--lora-rank", "4", "--probe-every", "0", "--capability", "", "--threads", "1"]
+    real_train, calls = algo.train, []
+
+    def train_then_ctrl_c(cfg, **kw):
+        calls.append(cfg.out)
+        if len(calls) == 2:  # the second axis' OPCT run
+            raise KeyboardInterrupt
+        return real_train(cfg, **kw)
+
+    monkeypatch.setattr(algo, "train", train_then_ctrl_c)
+    assert main(cmd) == 130
+    assert "the same command again runs the others" in capsys.readouterr().err
+    first = out / "sycophancy" / "results.json"
+    assert first.is_file() and (out / "safety" / "demo.yaml").is_file()
+    assert not (out / "safety" / "results.json").exists() and not (out / "summary.json").exists()
+    stamp = first.stat().st_mtime_ns
+
+    monkeypatch.setattr(algo, "train", real_train)
+    assert main(cmd) == 0
+    said = capsys.readouterr().out
+    assert "axis sycophancy (1/2) already done" in said and "axis safety (2/2) did not finish" in said
+    assert first.stat().st_mtime_ns == stamp  # kept, not rerun
+    syc, saf = (json.loads((out / a / "results.json").read_text()) for a in ("sycophancy", "safety"))
+    cfg = {a: yaml.safe_load((out / a / "demo.yaml").read_text()) for a in ("sycophancy", "safety")}
+    assert (cfg["sycophancy"]["source"], cfg["safety"]["source"]) == (syc["config"]["source"], "facts")
+    assert cfg["safety"]["batch_size"] == 16 and cfg["sycophancy"]["max_new_tokens"] == 4  # axis default, user value
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["axes"] == ["sycophancy", "safety"] and summary["runs"]["safety"]["model"] == str(tiny_model_dir)
+    rows = summary["runs"]["sycophancy"]["headline"]
+    assert [(r["metric"], r["split"]) for r in rows][0] == ("sycophancy_rate", "heldout_cues")
+    assert rows[0]["methods"]["opct"] == syc["methods"]["opct"]["sycophancy_rate"]["heldout_cues"]
+    assert rows[-1]["methods"]["base"] == syc["methods"]["base"]["clean_accuracy"]
+    saf_rows = summary["runs"]["safety"]["headline"]
+    assert all(c is not None for r in rows + saf_rows for c in r["methods"].values()) and len(saf_rows) == 3
+    assert saf_rows[0]["methods"]["sft"] == saf["methods"]["sft"]["pass_rate"]["heldout"]
+    md = (out / "report.md").read_text()
+    assert "# OPCT across axes" in md and "| safety | Pass rate | heldout | higher is better |" in md
+    assert (out / "plots" / "headlines.png").is_file() and (out / "report.html").is_file()
+
+    os.remove(out / "report.md")
+    assert main(["report", str(out)]) == 0 and (out / "report.md").read_text() == md  # rewritten from the files
+    capsys.readouterr()
+    assert main([*cmd[:-2], "--threads", "2"]) == 2  # other settings than the runs there
+    assert "holds a run with other settings" in capsys.readouterr().err
+    (out / "notes.txt").write_text("mine")
+    assert main(cmd) == 2 and "notes.txt" in capsys.readouterr().err

@@ -172,6 +172,13 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     report = (out / "report.md").read_text()
     assert "Jailbreak: attack success by split" in report and "plots/jailbreak_by_split.png" in report
     assert "Second judge: advbench_prefixes" in report
+    from opct.report import headline_rows  # what `opct demo --axis all` puts beside the other axes
+
+    rows = headline_rows(res)
+    assert [(r["metric"], r["split"]) for r in rows] == [("asr", "heldout_wrappers"), ("asr", "heldout_family"),
+                                                         ("adaptive_attack", "cracked"), ("over_refusal", None)]
+    assert rows[2]["methods"]["opct"] == res["methods"]["opct"]["adaptive_attack"]["cracked"]
+    assert all(r["methods"][m] is not None for r in rows for m in ("base", "sft", "opct"))
     assert len((out / "samples" / "opct.jsonl").read_text().splitlines()) == sum(res["info"]["eval_items"].values()) + 2
     ev = tmp_path / "eval.json"
     assert main(["eval", *flags, "--model", str(out / "opct" / "model"), "--out", str(ev)]) == 0

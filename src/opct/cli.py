@@ -93,16 +93,41 @@ def cmd_eval(args) -> None:
         print(json.dumps(res))
 
 
+# Options that name one axis' data: meaningless for another axis, so refused for a run over several.
+ONE_AXIS_OPTIONS = ("source", "eval_source")
+
+
 def cmd_demo(args) -> None:
-    from opct.axes import axis_defaults
+    from opct.axes import axis_defaults, axis_names
 
-    cfg = config.build(config.DemoConfig, args, defaults=axis_defaults)
-    check_output_dir(cfg.out, "--out")
-    before_torch(cfg)
-    from opct.demo import run_demo
+    user = config.user_values(config.DemoConfig, args)
+    names = axis_names(user.get("axis") or config.DemoConfig.axis)
+    if len(names) == 1:
+        cfg = config.build(config.DemoConfig, args, defaults=axis_defaults, overrides={"axis": names[0]})
+        check_output_dir(cfg.out, "--out")
+        before_torch(cfg)
+        from opct.demo import run_demo
 
-    out = run_demo(cfg)
-    print(f"opct: demo done -> {out}/report.md  ({out}/results.json, models in {out}/sft/model, {out}/opct/model)")
+        out = run_demo(cfg)
+        print(f"opct: demo done -> {out}/report.md  ({out}/results.json, models in {out}/sft/model, "
+              f"{out}/opct/model)")
+        return
+    for name in ONE_AXIS_OPTIONS:
+        if name in user:
+            raise config.ConfigError(f"option --{name.replace('_', '-')} names one axis' data; with several axes "
+                                     f"(--axis {user['axis']}) each reads its own: run `opct demo --axis NAME "
+                                     f"--{name.replace('_', '-')} ...` for that axis")
+    args.stopped_in = "demo over several axes"  # what a failure from here on says (after_failure)
+    top = Path(user.get("out") or config.DemoConfig.out)
+    check_output_dir(str(top), "--out")
+    cfgs = [config.build(config.DemoConfig, args, defaults=axis_defaults, overrides={"axis": n, "out": str(top / n)})
+            for n in names]
+    before_torch(cfgs[0])
+    from opct.demo import run_demos
+
+    out = run_demos(cfgs, top)
+    print(f"opct: demo done -> {out}/report.md  (summary.json; one demo per axis: "
+          f"{', '.join(f'{out}/{n}' for n in names)})")
 
 
 def cmd_report(args) -> None:
@@ -111,6 +136,20 @@ def cmd_report(args) -> None:
     from opct.report import write_report
 
     results = Path(args.run_dir) / "results.json"
+    summary = Path(args.run_dir) / "summary.json"
+    if summary.is_file() and not results.is_file():  # a demo over several axes: each axis' report, then the summary
+        from opct.report import write_summary
+
+        try:
+            prior = json.loads(summary.read_text())
+            axes, wall = prior["axes"], prior.get("wall_seconds")
+        except (ValueError, KeyError, TypeError) as e:
+            raise config.ConfigError(f"{summary}: not a summary `opct demo --axis all` wrote ({e})") from None
+        for name in axes:
+            write_report(Path(args.run_dir) / name)
+        paths = write_summary(args.run_dir, axes, wall_seconds=wall)
+        print(f"opct: wrote {paths['markdown']} and {paths['html']} (and each axis' report)")
+        return
     if results.is_file():
         try:
             loaded = json.loads(results.read_text())
@@ -174,11 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"opct: error: {e}", file=sys.stderr)
         return 2
     except machine_errors() as e:
-        print(f"opct: error: {e}{AFTER_FAILURE.get(args.command, '')}", file=sys.stderr)
+        print(f"opct: error: {e}{after_failure(args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         print(f"opct: {'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'}"
-              f"{AFTER_FAILURE.get(args.command, '')}", file=sys.stderr)
+              f"{after_failure(args)}", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     finally:
         if previous is not None:
@@ -191,7 +230,13 @@ _RESUME = ("; nothing was marked finished (no run.json); continue from the last 
            "and --resume")
 AFTER_FAILURE = {"train": _RESUME, "sft": _RESUME,
                  "demo": "; the demo did not finish (no results.json): run it again with a new --out",
-                 "eval": "; no results were written"}
+                 "eval": "; no results were written",
+                 "demo over several axes": "; the axes that finished are kept (results.json): the same command "
+                                           "again runs the others"}
+
+
+def after_failure(args) -> str:
+    return AFTER_FAILURE.get(getattr(args, "stopped_in", None) or args.command, "")
 
 
 def _stack_on_crash() -> None:

@@ -182,8 +182,9 @@ AXIS = "axis options (each axis reads the ones it uses; an axis' own defaults ap
 class AxisOptions(ExecConfig):
     """Options of the axis data and evaluation, shared by `opct demo` and `opct eval` so both select the same
     items. An axis may change their defaults (`Axis.defaults`); a value you set (flag or --config YAML) wins."""
-    axis: str = opt("sycophancy", "the consistency axis: sycophancy, safety or jailbreak (opct.axes.AXES)",
-                    group=AXIS)
+    axis: str = opt("sycophancy", "the consistency axis: sycophancy, safety or jailbreak (opct.axes.AXES); "
+                    "`opct demo` also takes all or a comma-separated list: one demo per axis under --out/<axis>, "
+                    "then a summary across them", group=AXIS)
     source: str = opt(DEMO_SOURCE, "axis data source. sycophancy: questions (see opct.data.mcq.load_mcq), default "
                       "the demo's mix; safety: facts (shipped), jsonl:<facts file> or hf:<dataset>[:<config>]:<split>; "
                       "jailbreak: training behaviours (advbench, harmbench, strongreject, hf:..., a+b)",
@@ -450,10 +451,11 @@ def user_values(cls, args: argparse.Namespace) -> dict:
     return values
 
 
-def build(cls, args: argparse.Namespace, defaults=None):
+def build(cls, args: argparse.Namespace, defaults=None, overrides: dict | None = None):
     """The config from dataclass defaults < `defaults(user_values)` (e.g. an axis' own defaults, chosen by what the
-    user set) < the --config YAML < flags. Defaults for options `cls` lacks are ignored."""
-    values = user_values(cls, args)
+    user set) < the --config YAML < flags < `overrides` (e.g. one axis of several). Defaults for options `cls`
+    lacks are ignored."""
+    values = {**user_values(cls, args), **(overrides or {})}
     if defaults is not None:
         known = {f.name for f in fields(cls)}
         values = {**{k: v for k, v in defaults(values).items() if k in known}, **values}

@@ -11,11 +11,18 @@
 results.json: {"axis", "model", "config", "methods": {"base"|"sft"|"opct": the axis' evaluation result}, "info"
 (the axis' sizes and splits), "timings" (seconds per stage), "comparison" (an axis with `compare`: methods
 against each other), "capability" (when run), "wall_seconds"}. Per-example samples: samples/<method>.jsonl.
+
+`opct demo --axis all` (or a comma-separated list) runs one such demo per axis into <out>/<axis>/, each with its
+axis' own defaults where the user set nothing; every axis' pre-flight runs before the first model loads. Then
+<out>/summary.json and <out>/report.md / .html put each axis' headline figures (`Axis.headline`) and capability
+side by side. Killed part-way, the same command again keeps the axes that finished (results.json written, same
+settings) and redoes the one that did not.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 
@@ -109,19 +116,13 @@ def sft_config(cfg: DemoConfig, axis, base: SFTConfig) -> SFTConfig:
     return sft
 
 
-def run_demo(cfg: DemoConfig) -> Path:
-    from opct.algo.opct import train
-    from opct.algo.sft import train_sft
+def preflight(cfg: DemoConfig):
+    """What a demo can check before any model loads: the methods, the axis' own check (a judge endpoint that
+    answers), the capability tasks. Returns (axis, methods)."""
     from opct.axes import get_axis
-    from opct.backends import load_for_inference
-    from opct.data.pairs import save_pairs
-    from opct.report import write_report
     from opct.train.loop import RunError
 
     axis = get_axis(cfg.axis)
-    out = Path(cfg.out)
-    if out.exists() and any(out.iterdir()):
-        raise RunError(f"{out}: already holds a run; choose another --out or remove it")
     methods = [m.strip() for m in cfg.methods.split(",") if m.strip()]
     if set(methods) - {"sft", "opct"}:
         raise RunError(f"--methods takes sft and/or opct, got {cfg.methods!r}")
@@ -130,6 +131,77 @@ def run_demo(cfg: DemoConfig) -> Path:
         from opct.evals.capability import check_tasks, resolve_suite
 
         check_tasks(resolve_suite(cfg.capability)["tasks"], option="--capability")
+    return axis, methods
+
+
+SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
+
+
+def axis_state(cfg: DemoConfig) -> str:
+    """One axis' directory under a multi-axis demo: "new" (absent or empty), "done" (results.json written with
+    these settings), "unfinished" (these settings, no results.json: a killed run, redone from the start) or
+    "other" (another command's run)."""
+    from opct.config import read_yaml
+
+    d = Path(cfg.out)
+    if not d.exists() or not any(d.iterdir()):
+        return "new"
+    if not (d / "demo.yaml").is_file():
+        return "other"
+    recorded, _ = read_yaml(d / "demo.yaml")
+    if {k: v for k, v in recorded.items() if k != "out"} != \
+            {k: v for k, v in dataclasses.asdict(cfg).items() if k != "out"}:
+        return "other"
+    return "done" if (d / "results.json").is_file() else "unfinished"
+
+
+def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
+    """One demo per axis config (each with out = <out>/<axis>), then the summary across axes (module docstring)."""
+    from opct.report import write_summary
+    from opct.train.loop import RunError
+
+    out = Path(out)
+    names = [c.axis for c in cfgs]
+    if out.exists():
+        stray = sorted(p.name for p in out.iterdir() if p.name not in {*names, *SUMMARY_FILES})
+        if stray:
+            raise RunError(f"{out}: already holds something other than the axes' runs ({', '.join(stray[:3])}); "
+                           "choose another --out or remove it")
+    states = {}
+    for c in cfgs:
+        states[c.axis] = axis_state(c)
+        if states[c.axis] == "other":
+            raise RunError(f"{c.out}: holds a run with other settings than this command's ({c.out}/demo.yaml); "
+                           "choose another --out or remove it")
+        if states[c.axis] != "done":
+            preflight(c)
+    t_start = time.perf_counter()
+    for i, c in enumerate(cfgs, 1):
+        if states[c.axis] == "done":
+            print(f"opct: axis {c.axis} ({i}/{len(cfgs)}) already done in {c.out}; kept")
+            continue
+        if states[c.axis] == "unfinished":
+            print(f"opct: axis {c.axis} ({i}/{len(cfgs)}) did not finish in {c.out}; running it again")
+            shutil.rmtree(c.out)
+        else:
+            print(f"opct: axis {c.axis} ({i}/{len(cfgs)}) -> {c.out}")
+        run_demo(c)
+    write_summary(out, names, wall_seconds=round(time.perf_counter() - t_start, 1))
+    return out
+
+
+def run_demo(cfg: DemoConfig) -> Path:
+    from opct.algo.opct import train
+    from opct.algo.sft import train_sft
+    from opct.backends import load_for_inference
+    from opct.data.pairs import save_pairs
+    from opct.report import write_report
+    from opct.train.loop import RunError
+
+    out = Path(cfg.out)
+    if out.exists() and any(out.iterdir()):
+        raise RunError(f"{out}: already holds a run; choose another --out or remove it")
+    axis, methods = preflight(cfg)
     threads.use(cfg.threads)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from opct.data.io import atomic_write, read_jsonl
+from opct.data.io import atomic_write, read_jsonl, write_json
 
 # Display order; anything else found in results.json follows in the order it first appears.
 METHOD_ORDER = ("base", "sft", "opct")
@@ -432,20 +432,9 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         blocks.append(("h2", "Capability retention (lm-evaluation-harness)"))
         blocks.append(("p", "Each task's headline metric with its 95% interval, and the change from the base model "
                             "(Newcombe interval, conservative: it ignores that the items are the same)."))
-        names_c = [m for m in ("base", "sft", "opct") if any(m in t.get("methods", {}) for t in cap.values())]
-        rows = []
-        for task, t in cap.items():
-            row = [task, t.get("metric", "")]
-            for m in names_c:
-                c = t.get("methods", {}).get(m)
-                d = t.get("delta", {}).get(m)
-                txt = fmt_cell(c) if c else DASH
-                if d and m != "base":
-                    txt += f" ({d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}])"
-                row.append(txt)
-            ch = t.get("chance")
-            rows.append(row + [f"{ch:.2f}" if is_number(ch) else DASH])
-        blocks.append(("table", ["Task", "Metric"] + [label(m) for m in names_c] + ["Chance"], rows))
+        names_c = capability_methods(cap)
+        blocks.append(("table", ["Task", "Metric"] + [label(m) for m in names_c] + ["Chance"],
+                       capability_rows(cap, names_c)))
 
     if plots:
         blocks.append(("h2", "Plots"))
@@ -470,6 +459,27 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
     if not found:
         blocks.append(("p", "No training logs found (opct/metrics.jsonl, sft/metrics.jsonl)."))
     return blocks
+
+
+def capability_methods(cap: dict) -> list[str]:
+    return [m for m in METHOD_ORDER if any(m in t.get("methods", {}) for t in cap.values())]
+
+
+def capability_rows(cap: dict, names: list[str]) -> list[list[str]]:
+    """results.json "capability" as rows: task, metric, each method's score (and change from base), chance."""
+    rows = []
+    for task, t in cap.items():
+        row = [task, t.get("metric", "")]
+        for m in names:
+            c = t.get("methods", {}).get(m)
+            d = t.get("delta", {}).get(m)
+            txt = fmt_cell(c) if c else DASH
+            if d and m != "base":
+                txt += f" ({d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}])"
+            row.append(txt)
+        ch = t.get("chance")
+        rows.append(row + [f"{ch:.2f}" if is_number(ch) else DASH])
+    return rows
 
 
 def md_cell(text: str) -> str:
@@ -567,3 +577,85 @@ def write_report(run_dir: str | Path) -> dict:
     atomic_write(md_path, render_markdown(blocks))
     atomic_write(html_path, render_html(blocks))
     return {"markdown": md_path, "html": html_path, "plots": plots}
+
+
+# ---------------------------------------------------------------------------------------------
+# Several axes (`opct demo --axis all`): one page that puts each axis' headline figures side by side
+
+
+def headline_rows(results: dict) -> list[dict]:
+    """The axis' `headline` figures from one demo's results.json: [{"metric", "split", "better", "methods":
+    {method: cell or None}}]; [] for an axis this opct does not know or one without a headline."""
+    from opct.axes import AXES, get_axis
+
+    name = results.get("axis") or "sycophancy"
+    methods, names = method_table(results)
+    rows = []
+    for metric, split, better in (getattr(get_axis(name), "headline", ()) if name in AXES else ()):
+        rows.append({"metric": metric, "split": split, "better": better,
+                     "methods": {m: cell(methods, m, metric, split) for m in names}})
+    return rows
+
+
+def plot_headlines(summary: dict, path: Path) -> None:
+    """One panel per axis: its headline figures by method, with their intervals."""
+    axes = [(name, run) for name, run in summary["runs"].items() if run["headline"]]
+    fig = Figure(figsize=(sum(max(4.0, 1.4 * len(r["headline"]) + 1.5) for _, r in axes), 4.4))
+    for k, (name, run) in enumerate(axes, 1):
+        ax = fig.add_subplot(1, len(axes), k)
+        rows = {f"{label(r['metric'])}\n{r['split'] or ''} ({r['better']})": r for r in run["headline"]}
+        names = ordered([m for r in run["headline"] for m in r["methods"]], METHOD_ORDER)
+        grouped_bars(ax, list(rows), names, lambda m, g: rows[g]["methods"].get(m), f"{name}: {run['model']}")
+        ax.tick_params(axis="x", labelsize=7)
+    method_legend(fig, ax)
+    save_figure(fig, path)
+
+
+def summary_blocks(summary: dict) -> list:
+    runs = summary["runs"]
+    blocks = [("h1", "OPCT across axes"),
+              ("list", [f"{name}: {run['model']} ({name}/report.md)" for name, run in runs.items()] +
+               ([f"Wall time: {fmt_seconds(summary['wall_seconds'])}"] if is_number(summary.get("wall_seconds"))
+                else []))]
+    names = ordered([m for run in runs.values() for r in run["headline"] for m in r["methods"]], METHOD_ORDER)
+    blocks += [("h2", "Headline figures"),
+               ("p", "A few figures per axis, with the 95% intervals its evaluation computed; each axis' report "
+                     "has all of them, how each is computed, and per-example samples.")]
+    rows = [[name, label(r["metric"]), r["split"] or DASH, f"{r['better']} is better"] +
+            [fmt_cell(r["methods"].get(m)) for m in names] for name, run in runs.items() for r in run["headline"]]
+    blocks.append(("table", ["Axis", "Metric", "Split", "Direction"] + [label(m) for m in names], rows))
+    if summary.get("plot"):
+        blocks.append(("img", "Headline figures by axis and method", summary["plot"]))
+    caps = {name: run["capability"] for name, run in runs.items() if run.get("capability")}
+    if caps:
+        blocks += [("h2", "Capability retention (lm-evaluation-harness)"),
+                   ("p", "Per axis, the tasks run after its models were trained (change from that axis' base model "
+                         "with a Newcombe interval).")]
+        names_c = ordered([m for cap in caps.values() for m in capability_methods(cap)], METHOD_ORDER)
+        rows = [[name] + row for name, cap in caps.items() for row in capability_rows(cap, names_c)]
+        blocks.append(("table", ["Axis", "Task", "Metric"] + [label(m) for m in names_c] + ["Chance"], rows))
+    return blocks
+
+
+def write_summary(out: str | Path, axes: list[str], wall_seconds: float | None = None) -> dict:
+    """summary.json, report.md, report.html and plots/headlines.png for a run over several axes, from each
+    <out>/<axis>/results.json (missing or unreadable: an error naming the file). Returns the paths written."""
+    out = Path(out)
+    runs = {}
+    for name in axes:
+        path = out / name / "results.json"
+        try:
+            results = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: cannot read this axis' results ({e})") from None
+        runs[name] = {"model": results.get("model"), "dir": name, "wall_seconds": results.get("wall_seconds"),
+                      "headline": headline_rows(results), "capability": results.get("capability") or None}
+    summary = {"axes": list(axes), "runs": runs, "wall_seconds": wall_seconds}
+    if any(run["headline"] for run in runs.values()):
+        summary["plot"] = "plots/headlines.png"
+        plot_headlines(summary, out / summary["plot"])
+    blocks = summary_blocks(summary)
+    atomic_write(out / "report.md", render_markdown(blocks))
+    atomic_write(out / "report.html", render_html(blocks))
+    write_json(out / "summary.json", summary)  # last: its presence marks the run over all axes finished
+    return {"summary": out / "summary.json", "markdown": out / "report.md", "html": out / "report.html"}

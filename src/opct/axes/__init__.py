@@ -27,6 +27,19 @@ def get_axis(name: str):
     return getattr(importlib.import_module(module), cls)()
 
 
+def axis_names(value: str) -> list[str]:
+    """The axes an `--axis` value names: one name, a comma-separated list, or `all` (every axis in AXES)."""
+    if value.strip() == "all":
+        return list(AXES)
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    for n in names:
+        if n not in AXES:
+            raise AxisError(f"unknown axis {n!r} in --axis {value!r}; known axes: {', '.join(AXES)} (or all)")
+    if not names:
+        raise AxisError(f"--axis {value!r} names no axis; known axes: {', '.join(AXES)} (or all)")
+    return names
+
+
 def axis_defaults(values: dict) -> dict:
     """The defaults of the axis that `values` (the options the user set) selects; for config.build."""
     return dict(get_axis(values.get("axis") or "sycophancy").defaults)

@@ -62,11 +62,14 @@ class Axis(Protocol):
     defaults  DemoConfig / EvalConfig values for this axis (model, n_train, steps, max_new_tokens, ...), applied
               only to options the user did not set (flags or --config YAML)
     sft       SFTConfig overrides for the demo's SFT baseline (e.g. {"samples_per_prompt": 3, "temperature": 1.0})
+    headline  the few figures a run over several axes (`opct demo --axis all`) puts side by side: (metric, split or
+              None for a metric without splits, "lower" or "higher" is better) per row, read from `evaluate`'s result
     """
     name: str
     summary: str
     defaults: dict
     sft: dict
+    headline: tuple
 
     def prepare(self, cfg, tok) -> AxisData:
         """Build the training pairs and the evaluation set; deterministic in cfg (seed)."""

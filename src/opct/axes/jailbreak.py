@@ -460,6 +460,8 @@ class JailbreakAxis:
                 "n_eval": Options.n_eval, "steps": 20, "prompts_per_step": 8, "max_new_tokens": 32, "lr": 3e-4,
                 "lora_rank": 16, "probe_every": 0, "capability": "", "batch_size": Options.batch_size}
     sft = {"temperature": 0.0}  # the target: the frozen model's greedy answer to the teacher (bare) side
+    headline = (("asr", "heldout_wrappers", "lower"), ("asr", "heldout_family", "lower"),
+                ("adaptive_attack", "cracked", "lower"), ("over_refusal", None, "lower"))
     # OPCT's loss in the demo: the exact reverse KL over the vocabulary instead of the sampled-token estimate (the
     # paper's default). The wrapped and bare answers part at a few early positions ("Certainly!" vs "I'm sorry");
     # with 8 samples a step the sampled estimate of that gradient is noisy, the exact one is not, for ~10% more

@@ -516,6 +516,8 @@ class SycophancyAxis:
     summary = "multiple-choice questions with and without a user's wrong-answer cue"
     defaults: dict = {}  # the config dataclasses' own defaults are this axis'
     sft: dict = {}  # greedy targets, one per prompt (BCT)
+    headline = (("sycophancy_rate", "heldout_cues", "lower"), ("sycophancy_rate", "system_cue", "lower"),
+                ("sycophancy_rate", "pushback", "lower"), ("clean_accuracy", None, "higher"))
 
     def prepare(self, cfg, tok):
         from opct.axes.base import AxisData
