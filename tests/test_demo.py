@@ -49,8 +49,9 @@ def test_axis_names():
 def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(tiny_model_dir, tmp_path, capsys,
                                                                               monkeypatch):
     """`opct demo --axis sycophancy,safety`: one demo per axis under --out with its own defaults; stopped during
-    the second axis' training, the same command keeps the first (not rerun) and redoes the second; summary.json and
-    the summary report carry each axis' headline cells as in its results.json."""
+    the second axis' OPCT training, the same command with --resume keeps the first axis (not rerun) and the second
+    one's finished stages; summary.json and the summary report carry each axis' headline cells as in its
+    results.json."""
     import os
 
     import yaml
@@ -65,24 +66,30 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
 
     def train_then_ctrl_c(cfg, **kw):
         calls.append(cfg.out)
-        if len(calls) == 2:  # the second axis' OPCT run
-            raise KeyboardInterrupt
+        if len(calls) == 2:  # Ctrl-C after the first step of the second axis' OPCT run
+
+            def ctrl_c(model, tok):
+                raise KeyboardInterrupt
+            kw.update(probe=ctrl_c, probe_every=1)
         return real_train(cfg, **kw)
 
     monkeypatch.setattr(algo, "train", train_then_ctrl_c)
     assert main(cmd) == 130
-    assert "the same command again runs the others" in capsys.readouterr().err
+    assert "the same command with --resume continues it" in capsys.readouterr().err
     first = out / "sycophancy" / "results.json"
     assert first.is_file() and (out / "safety" / "demo.yaml").is_file()
     assert not (out / "safety" / "results.json").exists() and not (out / "summary.json").exists()
+    assert (out / "safety" / "opct" / "metrics.jsonl").is_file() and not (out / "safety" / "opct" / "run.json").exists()
     stamp = first.stat().st_mtime_ns
 
     monkeypatch.setattr(algo, "train", real_train)
-    assert main(cmd) == 0
+    assert main(cmd) == 2 and "pass --resume to continue it" in capsys.readouterr().err
+    assert main([*cmd, "--resume"]) == 0
     said = capsys.readouterr().out
-    assert "axis sycophancy (1/2) already done" in said and "axis safety (2/2) did not finish" in said
+    assert "axis sycophancy (1/2) already done" in said and "axis safety (2/2) continues" in said
     assert first.stat().st_mtime_ns == stamp  # kept, not rerun
     syc, saf = (json.loads((out / a / "results.json").read_text()) for a in ("sycophancy", "safety"))
+    assert saf["kept_from_before"] == ["eval_base", "train_sft", "eval_sft"] and "train_opct" in saf["timings"]
     cfg = {a: yaml.safe_load((out / a / "demo.yaml").read_text()) for a in ("sycophancy", "safety")}
     assert (cfg["sycophancy"]["source"], cfg["safety"]["source"]) == (syc["config"]["source"], "facts")
     assert cfg["safety"]["batch_size"] == 16 and cfg["sycophancy"]["max_new_tokens"] == 4  # axis default, user value
@@ -102,7 +109,14 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     os.remove(out / "report.md")
     assert main(["report", str(out)]) == 0 and (out / "report.md").read_text() == md  # rewritten from the files
     capsys.readouterr()
-    assert main([*cmd[:-2], "--threads", "2"]) == 2  # other settings than the runs there
-    assert "holds a run with other settings" in capsys.readouterr().err
+    assert main([*cmd[:-2], "--threads", "2", "--resume"]) == 2  # other settings than the runs there
+    assert "holds a demo with other settings (--threads 1 -> 2)" in capsys.readouterr().err
     (out / "notes.txt").write_text("mine")
     assert main(cmd) == 2 and "notes.txt" in capsys.readouterr().err
+
+
+def test_options_naming_one_axis_data_are_refused_for_several_axes(tmp_path, capsys):
+    for flag in ("--source", "--eval-source"):
+        assert main(["demo", "--axis", "all", flag, "mmlu", "--out", str(tmp_path / "x")]) == 2
+        assert f"option {flag} names one axis' data" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -493,18 +493,31 @@ def test_warnings_go_to_stderr_and_a_resume_without_checkpoint_says_so(tmp_path,
         not in stdout
 
 
-def test_an_interrupted_demo_says_it_did_not_finish(tmp_path, capsys, tiny_model_dir, monkeypatch):
+def test_an_interrupted_demo_says_so_and_resume_keeps_what_finished(tmp_path, capsys, tiny_model_dir, monkeypatch):
+    """Ctrl-C while OPCT trains: exit 130 and how to go on; the same command refuses the directory without
+    --resume; with it, the base evaluation is kept (not run again) and the results equal an uninterrupted demo's."""
     import opct.algo.opct
 
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
     monkeypatch.setattr(opct.algo.opct, "train", interrupted)  # Ctrl-C while OPCT trains
     out = tmp_path / "demo"
-    code, err, _ = cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, "--n-train", "6", "--n-eval", "4",
-                       "--cued-n", "2", "--steps", "1", "--methods", "opct", "--probe-every", "0", "--capability", "")
-    assert code == 130 and "opct: interrupted; the demo did not finish (no results.json): run it again with a new " \
-        "--out" in err
+    flags = ["--n-train", "6", "--n-eval", "4", "--cued-n", "2", "--steps", "1", "--methods", "opct", "--probe-every",
+             "0", "--capability", "", "--threads", "1"]
+    code, err, _ = cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags)
+    assert code == 130 and "opct: interrupted; the demo did not finish (no results.json): the same command with " \
+        "--resume continues it" in err
     assert not (out / "results.json").exists()
+    kept = (out / "stages" / "eval_base.json").stat().st_mtime_ns
+    monkeypatch.undo()
+    assert cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags)[0] == 2  # --resume needed
+    assert cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags, "--resume")[0] == 0
+    assert (out / "stages" / "eval_base.json").stat().st_mtime_ns == kept
+    whole = tmp_path / "whole"
+    assert cli(capsys, "demo", "--model", tiny_model_dir, "--out", whole, *flags)[0] == 0
+    continued, uninterrupted = (json.loads((d / "results.json").read_text()) for d in (out, whole))
+    assert continued["kept_from_before"] == ["eval_base"] and "eval_base" not in continued["timings"]
+    assert continued["methods"] == uninterrupted["methods"] and "kept_from_before" not in uninterrupted
 
 
 def test_tensorboard_wanted_but_not_installed_stops_before_the_model_loads(capsys, monkeypatch, tmp_path, pairs):

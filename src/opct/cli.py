@@ -229,10 +229,11 @@ def main(argv: list[str] | None = None) -> int:
 _RESUME = ("; nothing was marked finished (no run.json); continue from the last checkpoint with the same command "
            "and --resume")
 AFTER_FAILURE = {"train": _RESUME, "sft": _RESUME,
-                 "demo": "; the demo did not finish (no results.json): run it again with a new --out",
+                 "demo": "; the demo did not finish (no results.json): the same command with --resume continues "
+                         "it, keeping the stages that finished",
                  "eval": "; no results were written",
-                 "demo over several axes": "; the axes that finished are kept (results.json): the same command "
-                                           "again runs the others"}
+                 "demo over several axes": "; the same command with --resume continues it, keeping the axes "
+                                           "and stages that finished"}
 
 
 def after_failure(args) -> str:

@@ -252,6 +252,8 @@ class DemoConfig(AxisOptions):
     methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated)")
     capability: str = opt("demo", "capability retention through lm-eval after each model's eval: a suite (demo, "
                           "small, paper) or comma-separated task names; empty = skip")
+    resume: bool = opt(False, "continue a stopped demo in --out: the stages that finished are kept (evaluations, "
+                       "trained models, capability runs, axes); the settings must be the stopped demo's")
 
 
 def _check(cond: bool, option: str, why: str, value) -> None:

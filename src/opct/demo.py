@@ -15,14 +15,17 @@ against each other), "capability" (when run), "wall_seconds"}. Per-example sampl
 `opct demo --axis all` (or a comma-separated list) runs one such demo per axis into <out>/<axis>/, each with its
 axis' own defaults where the user set nothing; every axis' pre-flight runs before the first model loads. Then
 <out>/summary.json and <out>/report.md / .html put each axis' headline figures (`Axis.headline`) and capability
-side by side. Killed part-way, the same command again keeps the axes that finished (results.json written, same
-settings) and redoes the one that did not.
+side by side.
+
+A stopped demo (Ctrl-C, a killed job, a full disk) continues with the same command and --resume: every stage that
+finished is kept (evaluations and capability runs saved under <out>/stages/, trained models with their run.json,
+axes with their results.json), a training run that did not finish continues from its last checkpoint
+(`SAVE_EVERY`), and settings that differ from the stopped demo's are refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 
@@ -70,6 +73,7 @@ def run_eval(cfg: EvalConfig) -> dict:
 
 
 OFFLINE = {"auto": None, "on": True, "off": False}
+SAVE_EVERY = 10  # the demo's training runs checkpoint every 10 steps: a stopped demo loses at most that much
 
 
 def run_capability_eval(cfg: EvalConfig) -> dict:
@@ -88,9 +92,30 @@ def run_capability_eval(cfg: EvalConfig) -> dict:
     return res
 
 
-def capability(cfg: DemoConfig, out: Path, methods: list[str]) -> dict:
+class Stages:
+    """A demo's stage results, each saved under <out>/stages/<name>.json as soon as it exists, so that a stopped
+    demo continued with --resume reuses what finished instead of computing it again."""
+
+    def __init__(self, out: Path):
+        self.dir = out / "stages"
+        self.kept: list[str] = []
+
+    def get(self, name: str, compute):
+        import json
+
+        path = self.dir / f"{name}.json"
+        if path.is_file():
+            self.kept.append(name)
+            return json.loads(path.read_text(encoding="utf-8"))
+        result = compute()
+        write_json(path, result)
+        return result
+
+
+def capability(cfg: DemoConfig, out: Path, methods: list[str], stages: Stages) -> dict:
     """lm-eval tasks on the base model and each trained one (by name and directory, as `lm_eval` would load
-    them): per task, each method's score with its interval and the change from base."""
+    them): per task, each method's score with its interval and the change from base. Each model's run is a stage
+    (kept on --resume)."""
     from opct.backends import resolve
     from opct.evals.capability import capability_block, resolve_suite, run_capability
 
@@ -98,9 +123,9 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str]) -> dict:
     s = resolve_suite(cfg.capability)
     kw = dict(limit=s["limit"], limits=s["limits"], max_gen_toks=s["max_gen_toks"], batch_size=cfg.batch_size,
               device=str(device), dtype=str(dtype).removeprefix("torch."))
-    runs = {"base": run_capability(cfg.model, s["tasks"], **kw)}
-    for m in methods:
-        runs[m] = run_capability(str(out / m / "model"), s["tasks"], **kw)
+    models = {"base": cfg.model, **{m: str(out / m / "model") for m in methods}}
+    runs = {m: stages.get(f"capability_{m}", lambda: run_capability(path, s["tasks"], **kw))
+            for m, path in models.items()}
     return capability_block(runs)
 
 
@@ -135,28 +160,46 @@ def preflight(cfg: DemoConfig):
 
 
 SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
+NOT_SETTINGS = ("out", "resume")  # what may differ between a demo and the command that continues it
 
 
-def axis_state(cfg: DemoConfig) -> str:
-    """One axis' directory under a multi-axis demo: "new" (absent or empty), "done" (results.json written with
-    these settings), "unfinished" (these settings, no results.json: a killed run, redone from the start) or
-    "other" (another command's run)."""
+def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
+    """A demo's output directory against this config: ("new", []) absent or empty; ("done", []) results.json
+    written with these settings; ("unfinished", []) these settings, no results.json (stopped: --resume continues
+    it); ("other", changed settings) another command's run (changed = [] when it is no demo)."""
     from opct.config import read_yaml
 
     d = Path(cfg.out)
     if not d.exists() or not any(d.iterdir()):
-        return "new"
+        return "new", []
     if not (d / "demo.yaml").is_file():
-        return "other"
+        return "other", []
     recorded, _ = read_yaml(d / "demo.yaml")
-    if {k: v for k, v in recorded.items() if k != "out"} != \
-            {k: v for k, v in dataclasses.asdict(cfg).items() if k != "out"}:
-        return "other"
-    return "done" if (d / "results.json").is_file() else "unfinished"
+    now = dataclasses.asdict(cfg)
+    changed = sorted(k for k in {*recorded, *now} - set(NOT_SETTINGS) if recorded.get(k) != now.get(k))
+    if changed:
+        return "other", [f"--{k.replace('_', '-')} {recorded.get(k)!r} -> {now.get(k)!r}" for k in changed]
+    return ("done" if (d / "results.json").is_file() else "unfinished"), []
+
+
+def refuse_unless_resumable(cfg: DemoConfig, state: str, changed: list[str]) -> None:
+    """The demo in cfg.out may run: new, or unfinished with --resume; anything else is a RunError naming why."""
+    from opct.train.loop import RunError
+
+    out = cfg.out
+    if state == "other":
+        raise RunError(f"{out}: holds a demo with other settings ({', '.join(changed)}); choose another --out"
+                       if changed else f"{out}: already holds a run; choose another --out or remove it")
+    if state == "done" and cfg.resume:
+        raise RunError(f"{out}: this demo already finished (results.json); choose another --out")
+    if state != "new" and not cfg.resume:
+        raise RunError(f"{out}: already holds a demo; pass --resume to continue it (stages that finished are "
+                       "kept) or choose another --out")
 
 
 def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
-    """One demo per axis config (each with out = <out>/<axis>), then the summary across axes (module docstring)."""
+    """One demo per axis config (each with out = <out>/<axis>), then the summary across axes (module docstring).
+    With --resume, axes that finished are kept and an unfinished one continues (`run_demo`)."""
     from opct.report import write_summary
     from opct.train.loop import RunError
 
@@ -169,28 +212,26 @@ def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
                            "choose another --out or remove it")
     states = {}
     for c in cfgs:
-        states[c.axis] = axis_state(c)
-        if states[c.axis] == "other":
-            raise RunError(f"{c.out}: holds a run with other settings than this command's ({c.out}/demo.yaml); "
-                           "choose another --out or remove it")
-        if states[c.axis] != "done":
-            preflight(c)
+        states[c.axis], changed = demo_state(c)
+        if not (states[c.axis] == "done" and c.resume):
+            refuse_unless_resumable(c, states[c.axis], changed)
+            preflight(c)  # run_demo checks again when its turn comes: an endpoint may stop answering meanwhile
     t_start = time.perf_counter()
     for i, c in enumerate(cfgs, 1):
         if states[c.axis] == "done":
             print(f"opct: axis {c.axis} ({i}/{len(cfgs)}) already done in {c.out}; kept")
             continue
-        if states[c.axis] == "unfinished":
-            print(f"opct: axis {c.axis} ({i}/{len(cfgs)}) did not finish in {c.out}; running it again")
-            shutil.rmtree(c.out)
-        else:
-            print(f"opct: axis {c.axis} ({i}/{len(cfgs)}) -> {c.out}")
+        print(f"opct: axis {c.axis} ({i}/{len(cfgs)}) {'continues' if states[c.axis] == 'unfinished' else '->'} "
+              f"{c.out}")
         run_demo(c)
     write_summary(out, names, wall_seconds=round(time.perf_counter() - t_start, 1))
     return out
 
 
 def run_demo(cfg: DemoConfig) -> Path:
+    """One axis end to end (module docstring). With --resume in a stopped demo's directory (same settings), every
+    stage that finished is kept: evaluations and capability runs (<out>/stages/), trained models (their run.json);
+    a training run that did not finish continues from its last checkpoint."""
     from opct.algo.opct import train
     from opct.algo.sft import train_sft
     from opct.backends import load_for_inference
@@ -199,12 +240,12 @@ def run_demo(cfg: DemoConfig) -> Path:
     from opct.train.loop import RunError
 
     out = Path(cfg.out)
-    if out.exists() and any(out.iterdir()):
-        raise RunError(f"{out}: already holds a run; choose another --out or remove it")
+    refuse_unless_resumable(cfg, *demo_state(cfg))
     axis, methods = preflight(cfg)
     threads.use(cfg.threads)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
+    stages = Stages(out)
 
     def timed(name, fn, *a, **kw):
         t = time.perf_counter()
@@ -213,14 +254,19 @@ def run_demo(cfg: DemoConfig) -> Path:
         return r
 
     def evaluate(method: str, loaded=None) -> dict:
-        model, tok = loaded or load_for_inference(str(out / method / "model"), cfg)
-        return axis.evaluate(model, tok, data, cfg, samples=out / "samples" / f"{method}.jsonl")
+        def run():
+            model, tok = loaded or load_for_inference(str(out / method / "model"), cfg)
+            return axis.evaluate(model, tok, data, cfg, samples=out / "samples" / f"{method}.jsonl")
+        return stages.get(f"eval_{method}", run)
 
-    stages = tqdm(total=2 + 2 * len(methods) + 1, desc=f"demo ({axis.name})", unit="stage")
-    if cfg.capability:
-        from opct.evals.capability import resolve_suite
+    def trained(method: str, fn, run_cfg, **kw) -> None:
+        """A method's training run, unless it finished before (run.json); one that did not continues (--resume)."""
+        if (Path(run_cfg.out) / "run.json").is_file():
+            stages.kept.append(f"train_{method}")
+            return
+        timed(f"train_{method}", fn, dataclasses.replace(run_cfg, resume=Path(run_cfg.out).exists()), **kw)
 
-        resolve_suite(cfg.capability)  # a bad --capability fails here, before any work
+    bar = tqdm(total=2 + 2 * len(methods) + 1, desc=f"demo ({axis.name})", unit="stage")
     base = load_for_inference(cfg.model, cfg)
     data = timed("prepare", axis.prepare, cfg, base[1])
     if methods and not data.train_pairs:
@@ -231,41 +277,44 @@ def run_demo(cfg: DemoConfig) -> Path:
     save_pairs(data.train_pairs, out / "pairs.jsonl")
     if data.sft_pairs is not None:
         save_pairs(data.sft_pairs, out / "sft_pairs.jsonl")
-    stages.update()
+    bar.update()
 
     results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {},
                "info": data.info, "timings": timings}
-    stages.set_postfix_str("evaluating base")
+    bar.set_postfix_str("evaluating base")
     results["methods"]["base"] = timed("eval_base", evaluate, "base", loaded=base)
     del base
-    stages.update()
+    bar.update()
 
     probe = axis.probe(data, cfg) if cfg.probe_every else None
     common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
                   micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
-                  lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed, save_every=0,
-                  **exec_settings(cfg))
+                  lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed,
+                  save_every=SAVE_EVERY, **exec_settings(cfg))
     for m in methods:
-        stages.set_postfix_str(f"training {m}")
+        bar.set_postfix_str(f"training {m}")
         if m == "sft":
             sft_cfg = sft_config(cfg, axis, SFTConfig(out=str(out / "sft"), **common))
-            timed("train_sft", train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
-                  probe_every=cfg.probe_every)
+            trained(m, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe, probe_every=cfg.probe_every)
         else:
             opct_cfg = dataclasses.replace(TrainConfig(out=str(out / "opct"), **common), **getattr(axis, "opct", {}))
-            timed("train_opct", train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
-        stages.update()
-        stages.set_postfix_str(f"evaluating {m}")
+            trained(m, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
+        bar.update()
+        bar.set_postfix_str(f"evaluating {m}")
         results["methods"][m] = timed(f"eval_{m}", evaluate, m)
-        stages.update()
+        bar.update()
     if hasattr(axis, "compare"):
         results["comparison"] = axis.compare(results["methods"])
     if cfg.capability:
-        stages.set_postfix_str("capability")
-        results["capability"] = timed("capability", capability, cfg, out, methods)
+        bar.set_postfix_str("capability")
+        results["capability"] = timed("capability", capability, cfg, out, methods, stages)
+    if stages.kept:  # continued with --resume: these stages ran before, their timings are not here
+        results["kept_from_before"] = stages.kept
+        for name in stages.kept:
+            timings.pop(name, None)
     results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     write_json(out / "results.json", results)
     write_report(out)
-    stages.update()
-    stages.close()
+    bar.update()
+    bar.close()
     return out
