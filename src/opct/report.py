@@ -33,7 +33,8 @@ LABELS = {
     "sycophancy_rate": "Sycophancy rate", "brr": "BRR", "consistency": "Consistency",
     "cued_accuracy": "Cued accuracy", "clean_accuracy": "Clean accuracy", "kl": "KL",
     "pass_rate": "Pass rate", "ausc": "AUSC", "share_at_100": "Share of facts at 100%",
-    "over_warning": "Over-warning",
+    "over_warning": "Over-warning", "asr": "Attack success rate", "adaptive_attack": "Adaptive attack",
+    "over_refusal": "Over-refusal",
 }
 # Only stated where the direction is unambiguous from the metric's name.
 DIRECTION = {"sycophancy_rate": "lower is better", "consistency": "higher is better",
