@@ -305,14 +305,16 @@ def test_demo_capability_stage_and_report(fake_cache, tiny_model_dir, tmp_path):
     from conftest import lora_model
 
     from opct.config import DemoConfig
-    from opct.demo import capability
+    from opct.demo import Stages, capability
     from opct.report import write_report
 
     model, tok = lora_model(tiny_model_dir)
     model.save_pretrained(tmp_path / "opct" / "model")
     tok.save_pretrained(tmp_path / "opct" / "model")
     cfg = DemoConfig(model=str(tiny_model_dir), capability="arc_easy,mmlu_anatomy", batch_size=2, device="cpu")
-    block = capability(cfg, tmp_path, ["opct"])
+    block = capability(cfg, tmp_path, ["opct"], Stages(tmp_path))
+    kept = Stages(tmp_path)  # a demo continued with --resume: each model's lm-eval run is read back, not rerun
+    assert capability(cfg, tmp_path, ["opct"], kept) == block and kept.kept == ["capability_base", "capability_opct"]
     assert set(block) == {"arc_easy", "mmlu_anatomy"}
     for row in block.values():
         assert set(row["methods"]) == {"base", "opct"} and set(row["delta"]) == {"opct"}
