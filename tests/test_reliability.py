@@ -507,6 +507,7 @@ def test_an_interrupted_demo_says_so_and_resume_keeps_what_finished(tmp_path, ca
     code, err, _ = cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags)
     assert code == 130 and "opct: interrupted; the demo did not finish (no results.json): the same command with " \
         "--resume continues it" in err
+    assert err.replace("\r", "\n").strip().splitlines()[-1].startswith("opct: interrupted")  # after the demo's bar
     assert not (out / "results.json").exists()
     kept = (out / "stages" / "eval_base.json").stat().st_mtime_ns
     monkeypatch.undo()

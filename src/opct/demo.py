@@ -267,54 +267,57 @@ def run_demo(cfg: DemoConfig) -> Path:
         timed(f"train_{method}", fn, dataclasses.replace(run_cfg, resume=Path(run_cfg.out).exists()), **kw)
 
     bar = tqdm(total=2 + 2 * len(methods) + 1, desc=f"demo ({axis.name})", unit="stage")
-    base = load_for_inference(cfg.model, cfg)
-    data = timed("prepare", axis.prepare, cfg, base[1])
-    if methods and not data.train_pairs:
-        raise RunError(f"axis {axis.name}: no training pairs from --source {cfg.source!r} (an evaluation-only "
-                       "source?); `opct eval --axis` evaluates on it")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "demo.yaml", to_yaml(cfg))
-    save_pairs(data.train_pairs, out / "pairs.jsonl")
-    if data.sft_pairs is not None:
-        save_pairs(data.sft_pairs, out / "sft_pairs.jsonl")
-    bar.update()
-
-    results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {},
-               "info": data.info, "timings": timings}
-    bar.set_postfix_str("evaluating base")
-    results["methods"]["base"] = timed("eval_base", evaluate, "base", loaded=base)
-    del base
-    bar.update()
-
-    probe = axis.probe(data, cfg) if cfg.probe_every else None
-    common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
-                  micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
-                  lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed,
-                  save_every=SAVE_EVERY, **exec_settings(cfg))
-    for m in methods:
-        bar.set_postfix_str(f"training {m}")
-        if m == "sft":
-            sft_cfg = sft_config(cfg, axis, SFTConfig(out=str(out / "sft"), **common))
-            trained(m, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe, probe_every=cfg.probe_every)
-        else:
-            opct_cfg = dataclasses.replace(TrainConfig(out=str(out / "opct"), **common), **getattr(axis, "opct", {}))
-            trained(m, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
+    try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
+        base = load_for_inference(cfg.model, cfg)
+        data = timed("prepare", axis.prepare, cfg, base[1])
+        if methods and not data.train_pairs:
+            raise RunError(f"axis {axis.name}: no training pairs from --source {cfg.source!r} (an evaluation-only "
+                           "source?); `opct eval --axis` evaluates on it")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "demo.yaml", to_yaml(cfg))
+        save_pairs(data.train_pairs, out / "pairs.jsonl")
+        if data.sft_pairs is not None:
+            save_pairs(data.sft_pairs, out / "sft_pairs.jsonl")
         bar.update()
-        bar.set_postfix_str(f"evaluating {m}")
-        results["methods"][m] = timed(f"eval_{m}", evaluate, m)
+
+        results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {},
+                   "info": data.info, "timings": timings}
+        bar.set_postfix_str("evaluating base")
+        results["methods"]["base"] = timed("eval_base", evaluate, "base", loaded=base)
+        del base
         bar.update()
-    if hasattr(axis, "compare"):
-        results["comparison"] = axis.compare(results["methods"])
-    if cfg.capability:
-        bar.set_postfix_str("capability")
-        results["capability"] = timed("capability", capability, cfg, out, methods, stages)
-    if stages.kept:  # continued with --resume: these stages ran before, their timings are not here
-        results["kept_from_before"] = stages.kept
-        for name in stages.kept:
-            timings.pop(name, None)
-    results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    write_json(out / "results.json", results)
-    write_report(out)
-    bar.update()
-    bar.close()
+
+        probe = axis.probe(data, cfg) if cfg.probe_every else None
+        common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
+                      micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
+                      lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed,
+                      save_every=SAVE_EVERY, **exec_settings(cfg))
+        for m in methods:
+            bar.set_postfix_str(f"training {m}")
+            if m == "sft":
+                sft_cfg = sft_config(cfg, axis, SFTConfig(out=str(out / "sft"), **common))
+                trained(m, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe, probe_every=cfg.probe_every)
+            else:
+                opct_cfg = dataclasses.replace(TrainConfig(out=str(out / "opct"), **common),
+                                               **getattr(axis, "opct", {}))
+                trained(m, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
+            bar.update()
+            bar.set_postfix_str(f"evaluating {m}")
+            results["methods"][m] = timed(f"eval_{m}", evaluate, m)
+            bar.update()
+        if hasattr(axis, "compare"):
+            results["comparison"] = axis.compare(results["methods"])
+        if cfg.capability:
+            bar.set_postfix_str("capability")
+            results["capability"] = timed("capability", capability, cfg, out, methods, stages)
+        if stages.kept:  # continued with --resume: these stages ran before, their timings are not here
+            results["kept_from_before"] = stages.kept
+            for name in stages.kept:
+                timings.pop(name, None)
+        results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
+        write_json(out / "results.json", results)
+        write_report(out)
+        bar.update()
+    finally:
+        bar.close()
     return out
