@@ -76,21 +76,27 @@ def test_gemm_matches_torch_and_can_be_switched_off(monkeypatch):
         gemm.configure("fast")
 
 
-def test_gemm_auto_picks_by_cpu_vendor(monkeypatch):
+def test_gemm_auto_picks_by_cpu_vendor_and_avx512(monkeypatch):
     from opct.backends.cpu import gemm
 
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
-    assert gemm.auto_kernel("GenuineIntel") == "torch"
-    assert gemm.auto_kernel("AuthenticAMD") == "onednn"
+    assert gemm.auto_kernel("GenuineIntel", avx512=True) == "torch"
+    assert gemm.auto_kernel("GenuineIntel", avx512=False) == "torch"
+    assert gemm.auto_kernel("AuthenticAMD", avx512=True) == "onednn"  # MKL's AVX-512 code is Intel's only
+    assert gemm.auto_kernel("AuthenticAMD", avx512=False) == "torch"  # AVX2 on both sides: MKL measured faster
     monkeypatch.setattr(gemm, "cpu_vendor", lambda: None)
     assert gemm.auto_kernel() == "onednn"  # vendor unreadable: the default kernel
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: False)
-    assert gemm.auto_kernel("GenuineIntel") == "onednn"  # no MKL in this build: torch's matmuls are not MKL's
+    assert gemm.auto_kernel("GenuineIntel", avx512=True) == "onednn"  # no MKL in this build: torch's are not MKL's
+    assert gemm.auto_kernel("AuthenticAMD", avx512=False) == "onednn"
     monkeypatch.setattr(gemm, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(gemm, "cpu_has_avx512", lambda: True)
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
     assert gemm.configure("auto") == "torch" and gemm.SETTINGS["kernel"] == "torch"
     monkeypatch.setattr(gemm, "cpu_vendor", lambda: "AuthenticAMD")
     assert gemm.configure("auto", pack=False) == "onednn" and gemm.SETTINGS == {"kernel": "onednn", "pack": False}
+    monkeypatch.setattr(gemm, "cpu_has_avx512", lambda: False)
+    assert gemm.configure("auto") == "torch"
 
 
 def test_packed_weights_are_bit_identical_kept_while_unchanged_and_only_for_frozen_weights(monkeypatch):

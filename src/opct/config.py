@@ -52,7 +52,7 @@ class ExecConfig:
     # kernels can change float rounding, which changes the sampled tokens from there on. One exception, off by
     # default: decode_dtype=bfloat16 samples from weights rounded to bfloat16.
     cpu_gemm: str = opt("auto", "fp32 matmuls of the forward/backward through oneDNN or torch's own kernels (MKL); "
-                        "auto: torch's on Intel CPUs, oneDNN elsewhere (env OPCT_CPU_GEMM)",
+                        "auto: oneDNN on non-Intel CPUs with AVX-512, torch's elsewhere (env OPCT_CPU_GEMM)",
                         choices=["auto", "onednn", "torch"], group=CPU)
     pack_weights: bool = opt(True, "keep oneDNN-packed copies of frozen weights (when the matmuls run on oneDNN): "
                              "faster forward, costs their memory (env OPCT_PACK_WEIGHTS)", group=CPU)

@@ -11,11 +11,12 @@ These functions have no autograd formula: they are called from custom autograd F
 `logprobs._HiddenTokenLogprobs`) and no-grad code (the frozen teacher). Anything but fp32 CPU tensors, a PyTorch
 built without oneDNN, or `configure(kernel="torch")` (the `cpu_gemm` setting) takes torch's own ops.
 
-Which is faster depends on the CPU. torch's CPU matmuls are MKL's, which runs its best code paths on Intel CPUs:
-on the AMD EPYC VM where this module was written oneDNN's products were the faster ones, on an Intel Xeon with
-AVX-512 MKL's (docs/speed.md, 2026-11-25). `cpu_gemm: auto` (the default) therefore picks by the CPU's vendor
-(`auto_kernel`): torch's kernels on Intel, oneDNN elsewhere. Never timed at run time, so a run and its resume on
-the same machine use the same kernels.
+Which is faster depends on the CPU. torch's CPU matmuls are MKL's, which runs its AVX-512 code only on Intel CPUs:
+on the AMD EPYC VMs with AVX-512 where this module was written oneDNN's products were the faster ones, on an Intel
+Xeon with AVX-512 MKL's (docs/speed.md, 2026-11-25), and on an AMD EPYC with AVX2 only, where both libraries run AVX2
+code, MKL's again (the student phase 0.7 s a SmolLM2 step faster; docs/speed.md, 2026-11-27 (evening)).
+`cpu_gemm: auto` (the default) therefore takes oneDNN only on a non-Intel CPU with AVX-512 (`auto_kernel`), torch's
+kernels elsewhere. Never timed at run time, so a run and its resume on the same machine use the same kernels.
 """
 
 from __future__ import annotations
@@ -37,10 +38,21 @@ def cpu_vendor() -> str | None:
     return cpu_info().get("vendor_id")
 
 
-def auto_kernel(vendor: str | None = None) -> str:
-    """`cpu_gemm: auto`: "torch" (MKL) on an Intel CPU when this PyTorch has MKL, else "onednn"."""
+def cpu_has_avx512() -> bool:
+    """Whether /proc/cpuinfo lists AVX-512 Foundation (`avx512f`); False where unreadable."""
+    from opct.provenance import cpu_info
+
+    return "avx512f" in cpu_info().get("flags", "").split()
+
+
+def auto_kernel(vendor: str | None = None, avx512: bool | None = None) -> str:
+    """`cpu_gemm: auto`: "onednn" on a non-Intel CPU with AVX-512 (MKL would run its AVX2 code there), where the
+    vendor is unreadable, or where this PyTorch has no MKL; else "torch" (MKL)."""
     vendor = cpu_vendor() if vendor is None else vendor
-    return "torch" if vendor == "GenuineIntel" and torch.backends.mkl.is_available() else "onednn"
+    avx512 = cpu_has_avx512() if avx512 is None else avx512
+    if vendor is None or not torch.backends.mkl.is_available():
+        return "onednn"
+    return "onednn" if vendor != "GenuineIntel" and avx512 else "torch"
 
 
 def configure(kernel: str = "onednn", pack: bool = True) -> str:
