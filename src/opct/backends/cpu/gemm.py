@@ -14,7 +14,7 @@ built without oneDNN, or `configure(kernel="torch")` (the `cpu_gemm` setting) ta
 Which is faster depends on the CPU. torch's CPU matmuls are MKL's, which runs its AVX-512 code only on Intel CPUs:
 on the AMD EPYC VMs with AVX-512 where this module was written oneDNN's products were the faster ones, on an Intel
 Xeon with AVX-512 MKL's (docs/speed.md, 2026-11-25), and on an AMD EPYC with AVX2 only, where both libraries run AVX2
-code, MKL's again (the student phase 0.7 s a SmolLM2 step faster; docs/speed.md, 2026-11-27 (evening)).
+code, MKL's again (docs/speed.md, 2026-11-27 (evening)).
 `cpu_gemm: auto` (the default) therefore takes oneDNN only on a non-Intel CPU with AVX-512 (`auto_kernel`), torch's
 kernels elsewhere. Never timed at run time, so a run and its resume on the same machine use the same kernels.
 """
