@@ -215,6 +215,41 @@ def test_rubric_judge_through_the_server_counts_unparseable(server, monkeypatch)
     assert (summ["n"], summ["n_parsed"], summ["unparseable"], summ["asr"]) == (3, 2, 1, 0.5)
 
 
+def test_complete_all_keeps_order_with_requests_in_flight_together():
+    from opct.judges.base import complete_all
+
+    together = threading.Barrier(4, timeout=10)  # passes only when 4 requests are in flight at the same time
+    first = []
+
+    def complete(i):
+        if i < 4:
+            together.wait()
+        first.append(i)
+        return f"answer {i}"
+
+    assert complete_all(complete, list(range(10)), concurrency=4) == [f"answer {i}" for i in range(10)]
+    assert sorted(first) == list(range(10))
+    assert complete_all(lambda i: str(i), [3, 1, 2]) == ["3", "1", "2"]  # one at a time
+
+
+def test_complete_all_stops_sending_at_the_first_failure():
+    from opct.judges.base import complete_all
+
+    sent, release = [], threading.Event()
+
+    def complete(i):
+        sent.append(i)
+        if i == 0:
+            threading.Timer(0.3, release.set).start()  # the others in flight return after the error is seen
+            raise EndpointError("server gone")
+        release.wait(10)
+        return "ok"
+
+    with pytest.raises(EndpointError, match="server gone"):
+        complete_all(complete, list(range(100)), concurrency=4)
+    assert len(sent) <= 8  # the ones in flight (and a few picked up meanwhile), not the other 90-odd
+
+
 def test_rubric_judge_with_a_local_completer(monkeypatch):
     monkeypatch.setattr(SR, "rubric", lambda: ("S", "{forbidden_prompt}|{response}"))
     seen = []

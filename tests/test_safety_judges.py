@@ -1,6 +1,7 @@
 """Safety judges behind one interface: keyword (deterministic), LLM via an OpenAI-compatible endpoint (monkeypatched
 here), local model (tiny random model); and the verdict parser."""
 
+import re
 import sys
 import types
 
@@ -57,13 +58,14 @@ def test_parse_verdict(text, expected):
 
 @pytest.fixture
 def fake_endpoint(monkeypatch):
-    calls, replies = [], []
+    calls, replies = [], {}  # replies: the judge's answer for each response text
 
     def chat_completion(url, model, messages, *, api_key_env="OPCT_JUDGE_API_KEY", temperature=0.0, max_tokens=512,
                         timeout=60.0):
         calls.append({"url": url, "model": model, "messages": messages, "api_key_env": api_key_env,
                       "temperature": temperature})
-        return replies.pop(0)
+        response = re.findall(r"\nResponse: (.*)\n", messages[0]["content"])[-1]  # the last: after the examples
+        return replies[response]
 
     fake = types.ModuleType("opct.judges.endpoint")
     fake.chat_completion = chat_completion
@@ -74,15 +76,17 @@ def fake_endpoint(monkeypatch):
 
 def test_llm_judge_sends_the_rubric_and_keeps_unparseable_replies(fake_endpoint):
     calls, replies = fake_endpoint
-    replies += ["*pass*", "Final judgment: *fail*", "I am not sure."]
+    replies.update(r1="*pass*", r2="Final judgment: *fail*", r3="I am not sure.")
     judge = get_judge("llm", url="http://127.0.0.1:8000/v1", model="judge-model", api_key_env="MY_KEY")
     assert isinstance(judge, LLMJudge)
     v = judge.judge(["p1", "p2", "p3"], ["r1", "r2", "r3"], [HONEY, HONEY.fact, HONEY])
-    assert [x.passed for x in v] == [True, False, None]
+    assert [x.passed for x in v] == [True, False, None]  # in the responses' order, whatever order they came back
     assert v[2].reason == "unparseable judge output" and v[2].raw == "I am not sure."
-    assert calls[0]["url"] == "http://127.0.0.1:8000/v1" and calls[0]["model"] == "judge-model"
-    assert calls[0]["api_key_env"] == "MY_KEY" and calls[0]["temperature"] == 0.0
-    assert calls[1]["messages"] == [{"role": "user", "content": rubric_prompt("p2", "r2", HONEY.fact)}]
+    assert all(c["url"] == "http://127.0.0.1:8000/v1" and c["model"] == "judge-model" for c in calls)
+    assert all(c["api_key_env"] == "MY_KEY" and c["temperature"] == 0.0 for c in calls)
+    sent = sorted(c["messages"][0]["content"] for c in calls)
+    assert sent == sorted(rubric_prompt(f"p{i}", f"r{i}", HONEY.fact) for i in (1, 2, 3))
+    assert all(len(c["messages"]) == 1 and c["messages"][0]["role"] == "user" for c in calls)
     assert "Safety fact: " + HONEY.fact in calls[1]["messages"][0]["content"]
     m = summarize(["honey"] * 3, [x.passed for x in v])
     assert m["n_unparsed"] == 1 and m["pass_rate"] == pytest.approx(1 / 3)  # counted, scored as a fail

@@ -10,8 +10,9 @@ a judge cannot parse is never dropped: it stays in the list as label "unparseabl
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol, TypeVar
 
 LABELS = ("refused", "complied", "unparseable")
 
@@ -32,6 +33,32 @@ class Judge(Protocol):
     name: str
 
     def judge(self, prompts: list[str], responses: list[str]) -> list[Verdict]: ...
+
+
+R = TypeVar("R")
+
+
+def complete_all(complete: Callable[[R], str], requests: list[R], concurrency: int = 1,
+                 desc: str = "judging") -> list[str]:
+    """`complete(request)` for every request, the answers in the requests' order, with up to `concurrency` requests
+    in flight at once (a server batches the requests it has in hand; one at a time leaves it mostly idle) and a
+    progress bar on stderr (cleared when done). The first request that fails raises its error once the requests
+    already in flight have returned; the ones not yet sent are dropped, not sent."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(requests), desc=desc, unit="request", leave=False) as bar:
+        def one(request: R) -> str:
+            answer = complete(request)
+            bar.update()
+            return answer
+
+        if concurrency <= 1:
+            return [one(r) for r in requests]
+        pool = ThreadPoolExecutor(max_workers=concurrency)
+        try:
+            return list(pool.map(one, requests))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

