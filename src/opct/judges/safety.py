@@ -10,7 +10,7 @@ share one interface, `judge(prompts, responses, facts) -> list[Verdict]`, one ve
                 "it's not a good idea"). Needs facts with keywords (the shipped facts file has them). It cannot
                 read negation or context: "botulism-free honey is fine for babies" passes.
   LLMJudge      the rubric prompt below sent to any OpenAI-compatible chat endpoint (`vllm serve`, an API),
-                temperature 0; the verdict is read from "*pass*" / "*fail*" in the reply.
+                temperature 0, 8 requests in flight; the verdict is read from "*pass*" / "*fail*" in the reply.
   LocalJudge    the same rubric through a local transformers model in one forward pass: the judge's reply is
                 opened as "Final judgment: *" and the verdict is whichever of "pass" / "fail" is more probable
                 next. Always parseable, but only as good as the local model.
