@@ -71,7 +71,7 @@ def main() -> None:
     finally:
         server.close()
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", rusage.read_text() if rusage.exists() else "")
-    logs = "".join(p.read_text(errors="replace") for p in work.rglob("*.log"))
+    log = (work / "server.log").read_text(errors="replace")
     axes = {}
     for res_path in sorted(out.glob("*/results.json")):
         axes[res_path.parent.name] = judge_figures(res_path.parent.name, json.loads(res_path.read_text()))
@@ -79,7 +79,7 @@ def main() -> None:
         "command": " ".join(cmd), "returncode": proc.returncode, "seconds": round(seconds, 1),
         "server_startup_seconds": round(startup, 1), "judge_model": a.judge_model,
         "demo_peak_rss_gb": round(int(rss.group(1)) / 1024 ** 2, 2) if rss else None,
-        "judge_requests_in_server_log": logs.count("POST /v1/chat/completions") + logs.count("POST /v1/completions"),
+        "judge_requests_in_server_log": log.count("POST /v1/chat/completions"),
         "summary_json": (out / "summary.json").exists(), "axes": axes,
     }
     print(json.dumps(summary, indent=1))

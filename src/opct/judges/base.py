@@ -55,11 +55,8 @@ def complete_all(complete: Callable[[R], str], requests: list[R], concurrency: i
 
         if concurrency <= 1:
             return [one(r) for r in requests]
-        pool = ThreadPoolExecutor(max_workers=concurrency)
-        try:
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:  # map cancels what is not sent once one fails
             return list(pool.map(one, requests))
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
