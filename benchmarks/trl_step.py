@@ -32,6 +32,12 @@ checkpoint saving and reporting are switched off; `max_prompt_length=512` (left 
 
 `decode_s_per_token`: the median over steps of `generate` seconds / decode steps (the padded completion length,
 i.e. the longest response of the step): transformers' `generate` at batch B, prompt prefill included.
+
+`--vllm` (side `trl_vllm`): TRL's own vLLM generation, `use_vllm=True` with `vllm_mode="colocate"` (an in-process
+vllm.LLM on the training GPU) and TRL's other vLLM defaults: 0.3 of the GPU's memory, CUDA graphs, and the dtype
+vLLM picks for the checkpoint ("auto": a float32 checkpoint is sampled in bfloat16; training stays float32). Its
+`generate` includes TRL's weight sync into vLLM (the LoRA merged into the base weights, then loaded), as TRL runs it
+before sampling each step.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ def parse_args(argv=None):
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cpu (use_cpu=True), or cuda: the trainer's accelerator places the model on the GPU")
+    p.add_argument("--vllm", action="store_true",
+                   help="sample with TRL's colocated vLLM engine (use_vllm=True, vllm_mode='colocate'; needs vllm)")
     return p.parse_args(argv)
 
 
@@ -139,6 +147,8 @@ def main(argv=None):
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        use_vllm=args.vllm,
+        vllm_mode="colocate",
     )
 
     timer = PhaseTimer()
@@ -203,9 +213,9 @@ def main(argv=None):
     phases_s = {k: median([p.get(k, 0.0) for p in phases_m]) for k in phase_names}
     token_means = {k: sum(t[k] for t in tokens_m) / len(tokens_m) for k in (tokens_m[0] if tokens_m else {})}
 
-    gen = trainer.generation_config
+    gen = getattr(trainer, "generation_config", None) or config
     result = {
-        "side": "trl",
+        "side": "trl_vllm" if args.vllm else "trl",
         "median_step_s": median(steps_m),
         "steps_s": steps_m,
         "warmup_steps_s": steps_s[: args.warmup],
@@ -216,7 +226,9 @@ def main(argv=None):
         **token_means,
         "decode_s_per_token": median([p.get("generate", 0.0) / max(t["decode_steps"], 1)
                                       for p, t in zip(phases_m, tokens_m)]),
-        "decode_s_per_token_includes": "transformers generate: prompt prefill and decode steps",
+        "decode_s_per_token_includes": ("vLLM generate (TRL's colocated engine): the weight sync, prompt prefill and "
+                                        "decode steps" if args.vllm
+                                        else "transformers generate: prompt prefill and decode steps"),
         "prompts": prompt_summary(prompt_info),
         # Contention check: with the machine to itself, CPU seconds per wall second sit near the thread
         # count during the matmul-heavy phases; well below it (or a load average above the core count)
@@ -237,13 +249,17 @@ def main(argv=None):
             "distillation_mode": config.distillation_mode,
             "teacher_model_kind": config.teacher_model_kind,
             "teacher_prompt_template": config.teacher_prompt_template,
-            "generation": {"do_sample": gen.do_sample, "temperature": gen.temperature, "top_p": gen.top_p,
-                           "top_k": gen.top_k, "min_p": gen.min_p, "max_new_tokens": gen.max_new_tokens},
+            "generation": {"do_sample": getattr(gen, "do_sample", True), "temperature": gen.temperature,
+                           "top_p": gen.top_p, "top_k": gen.top_k, "min_p": gen.min_p,
+                           "max_new_tokens": getattr(gen, "max_new_tokens", config.max_completion_length)},
+            "use_vllm": args.vllm,
+            "vllm_dtype": (str(trainer.vllm_generation.llm.llm_engine.model_config.dtype) if args.vllm else None),
             "dtype": str(next(trainer.model.parameters()).dtype),
             "torch_threads": torch.get_num_threads(),
             "device": str(next(trainer.model.parameters()).device),
         },
         "versions": {"trl": trl.__version__, "torch": torch.__version__,
+                     **({"vllm": __import__("vllm").__version__} if args.vllm else {}),
                      "transformers": __import__("transformers").__version__,
                      "peft": __import__("peft").__version__, "python": sys.version.split()[0]},
         "machine": machine(),

@@ -24,6 +24,9 @@ with `--sampler vllm`, in the same rotation (the order of the three reverses eve
 and compared with TRL in `ratio_vllm`. Every side reports `decode_s_per_token`, seconds per decode step at batch B,
 each with `decode_s_per_token_includes` (opct: its decode loop, prefill excluded; vLLM: the whole generate call;
 TRL: `generate`, prefill included); the summary lists them together and their ratio to TRL.
+`--trl-vllm` adds TRL with its colocated vLLM engine (`trl_step.py --vllm`, under `--vllm-python` if given) as side
+`trl_vllm`; each opct side is then also compared with it in `ratio_to_trl_vllm` (a GPU comparison: TRL's colocated
+mode needs one).
 
 `--contention` runs every side under the same load: for the duration of each run a busy-loop process (plain
 Python integer arithmetic from a fixed seed, `nice 19`, pinned to the last core with sched_setaffinity) is
@@ -370,6 +373,16 @@ def compare(runs: dict[str, list[dict]], bounds: dict, rank: int) -> dict:
                                "peak_rss": ratio(vllm, trl, "peak_rss_mb"),
                                "step_time_spread": ratio_spread(runs["opct_vllm"], runs.get("trl", [])),
                                "decode_s_per_token": ratio(vllm, trl, "decode_s_per_token")}
+    if "trl_vllm" in pooled:
+        trl_vllm = pooled["trl_vllm"]
+        entry["trl_vllm"] = trl_vllm
+        entry["ratio_to_trl_vllm"] = {
+            name: {"step_time": ratio(pooled[name], trl_vllm, "median_step_s"),
+                   "peak_rss": ratio(pooled[name], trl_vllm, "peak_rss_mb"),
+                   "peak_gpu": ratio(pooled[name], trl_vllm, "peak_gpu_mb"),
+                   "step_time_spread": ratio_spread(runs[name], runs["trl_vllm"]),
+                   "decode_s_per_token": ratio(pooled[name], trl_vllm, "decode_s_per_token")}
+            for name in ("opct", "opct_vllm") if name in pooled}
     entry["decode_s_per_token"] = {
         name: {"seconds": p.get("decode_s_per_token"), "includes": p.get("decode_s_per_token_includes"),
                "ratio_to_trl": ratio(p, trl, "decode_s_per_token")}
@@ -398,6 +411,9 @@ def main(argv=None):
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
     p.add_argument("--vllm-python", metavar="PATH",
                    help="also run opct with the vLLM sampler (step.py --sampler vllm) under this interpreter")
+    p.add_argument("--trl-vllm", action="store_true",
+                   help="also run TRL with its colocated vLLM engine (trl_step.py --vllm; under --vllm-python if "
+                        "given): side trl_vllm, which opct's sides are also compared with (ratio_to_trl_vllm)")
     p.add_argument("--contention", nargs="?", const="own", choices=["own", "same"], default=None,
                    help="run every side next to a nice-19 busy loop pinned to the last core, in a session of its "
                         "own (default, like another user's job) or in this one (`--contention same`)")
@@ -429,6 +445,8 @@ def main(argv=None):
              + [Side("trl", TRL_STEP, env=trl_env)])
     if args.vllm_python:
         sides.append(Side("opct_vllm", args.opct_step, python=args.vllm_python, extra=["--sampler", "vllm"]))
+    if args.trl_vllm:
+        sides.append(Side("trl_vllm", TRL_STEP, python=args.vllm_python, extra=["--vllm"], env=trl_env))
     runs = {rank: {side.name: [] for side in sides} for rank in ranks}
     for r in range(args.rounds):
         for rank in ranks:

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -223,6 +224,29 @@ def test_compare_three_sides(mods):
     assert entry["decode_s_per_token"]["trl"]["includes"] == "generate"
     assert entry["opct"]["others_busy_cores"] == [1.0]
     assert "vs_bounds" not in entry
+
+
+def test_trl_vllm_side_runs_trl_step_with_vllm_and_is_compared_with_each_opct_side(mods, tmp_path, monkeypatch):
+    vs = mods["vs_trl"]
+    calls = []
+    step_s = {"opct": 1.0, "trl": 8.0, "opct_vllm": 1.5, "trl_vllm": 3.0}
+
+    def fake_run_side(side, flags, contention=False, threads=None):
+        calls.append((side.name, os.path.basename(side.script), side.python, side.extra))
+        return {"steps_s": [step_s[side.name]], "peak_rss_mb": 1.0, "phases_s": {}, "peak_gpu_mb": 100.0,
+                "decode_s_per_token": step_s[side.name] / 100}
+
+    monkeypatch.setattr(vs, "run_side", fake_run_side)
+    step = tmp_path / "step.py"
+    step.write_text("")
+    vs.main(["--rounds", "1", "--device", "cuda", "--opct-step", str(step), "--vllm-python", "/v/python",
+             "--trl-vllm", "--out", str(tmp_path / "s.json")])
+    assert ("trl_vllm", "trl_step.py", "/v/python", ["--vllm"]) in calls and len(calls) == 4
+    config = json.loads((tmp_path / "s.json").read_text())["configs"]["lora_r32"]
+    assert config["ratio_to_trl_vllm"]["opct"]["step_time"] == pytest.approx(1 / 3)
+    assert config["ratio_to_trl_vllm"]["opct_vllm"]["step_time"] == pytest.approx(0.5)
+    assert config["ratio"]["step_time"] == pytest.approx(1 / 8)  # TRL with transformers generate, as before
+    assert config["decode_s_per_token"]["trl_vllm"]["ratio_to_trl"] == pytest.approx(3 / 8)
 
 
 def test_a_side_gets_its_own_environment(mods, tmp_path, monkeypatch):

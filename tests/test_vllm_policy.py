@@ -315,3 +315,31 @@ def test_ranks_sharing_one_server_load_their_adapters_under_their_own_names(tiny
         server.shutdown()
         server.server_close()
     assert loaded == ["opct-rank0-step0-v1", "opct-rank0-step1-v2", "opct-rank1-step0-v1", "opct-rank1-step1-v2"]
+
+
+@pytest.mark.parametrize("device,cuda_graphs,want", [("cuda", True, False), ("cuda", False, True), ("cpu", True, None)])
+def test_an_engine_on_a_gpu_captures_cuda_graphs_unless_they_are_off(monkeypatch, tiny_model_dir, device,
+                                                                       cuda_graphs, want):
+    """In-process vLLM on a GPU: enforce_eager = not cuda_graphs, with the configured share of the GPU's memory; on
+    the CPU neither is passed (the sampler's eager default)."""
+    import torch
+
+    import opct.backends
+    from opct.backends import vllm_sampler
+    from opct.config import TrainConfig
+
+    seen = {}
+
+    class Engine:
+        def __init__(self, model_dir, eos_ids, **kw):
+            seen.update(kw)
+
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    monkeypatch.setattr(opct.backends, "resolve", lambda cfg: (torch.device(device), torch.float32, None))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(vllm_sampler, "VLLMSampler", Engine)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfg = TrainConfig(model=str(tiny_model_dir), sampler="vllm", cuda_graphs=cuda_graphs, vllm_gpu_memory=0.25)
+    vllm_backend.make_sampler(cfg, [2], prompt_lengths=[10])
+    assert seen.get("enforce_eager") is want
+    assert seen.get("gpu_memory_utilization") == (0.25 if device == "cuda" else None)

@@ -46,8 +46,9 @@ class ExecConfig:
     threads: int = opt(0, "torch CPU threads; 0 = auto: torch's default, lowered between steps to the cores other "
                        "processes leave free (env OPCT_THREADS; a fixed count makes runs bit-reproducible under any "
                        "load)", group=EXEC)
-    cuda_graphs: bool = opt(True, "hf backend on a CUDA GPU: each decode step replays one CUDA graph over a static KV "
-                            "cache (off: the dynamic cache, one kernel launch at a time)", group=EXEC)
+    cuda_graphs: bool = opt(True, "on a CUDA GPU: the hf backend replays each decode step as one CUDA graph over a "
+                            "static KV cache, an in-process vLLM sampler compiles and captures its own (off: one "
+                            "kernel launch at a time)", group=EXEC)
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on. One exception, off by
     # default: decode_dtype=bfloat16 samples from weights rounded to bfloat16.

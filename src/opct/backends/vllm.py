@@ -99,7 +99,8 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
     An engine or server started here gets a context of `needed_model_len` of the run's student prompt lengths (in
     tokens); a server given by --vllm-url has its own, which must hold the longest prompt + max_new_tokens.
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
-    device: under torchrun each rank has its own engine on its own GPU."""
+    device (under torchrun each rank has its own engine on its own GPU); an in-process engine there captures CUDA
+    graphs unless `cuda_graphs` is off (a server started here runs eagerly, as on the CPU)."""
     from opct.backends import resolve
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
@@ -111,7 +112,10 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
     on_gpu = device.type == "cuda"
     gpu = str(torch.cuda.current_device()) if on_gpu else None
     if cfg.sampler == "vllm":
-        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory} if on_gpu else {}
+        # On a GPU the engine compiles and captures its decode as CUDA graphs unless cuda_graphs is off (a slower
+        # start, then no per-kernel launches); on the CPU it always runs eagerly.
+        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory,
+                 "enforce_eager": not getattr(cfg, "cuda_graphs", True)} if on_gpu else {}
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
             return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
     if cfg.vllm_url:

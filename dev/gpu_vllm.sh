@@ -1,0 +1,113 @@
+#!/bin/bash
+# opct vs TRL 1.16 SDFTTrainer with vLLM on a lent GPU machine (the `device` tool): issue 22 acceptance 6's
+# "TRL + vLLM" sides, beside the sides dev/gpu_vs_trl.sh measures.
+#
+# The image has torch 2.11.0+cu130 and no vLLM; vllm 0.26.0 is the release built for that torch (TRL 1.16 supports
+# 0.22-0.31). Its wheel (304 MB) and the packages it imports that the image lacks cannot travel in one call (64 MiB),
+# so `prepare` builds one site directory and splits its .tar.xz (~73 MB) over two calls:
+#   /tmp/vsite  vllm 0.26.0 without its FlashAttention-2/3, MoE and FlashMLA extensions, deep_gemm / fmha_sm100
+#               headers and the vllm-rs binary (~620 MB of the 730), so vLLM selects its Triton attention backend
+#               (two lines patched so that it can: vllm_flash_attn no longer raises on import, and the FlashAttention
+#               backend reports itself unsupported without the extensions); plus, as cp312 wheels at the versions
+#               .venv-vllm holds, what `import vllm`, vllm.entrypoints.llm, the V1 engine, GPU worker and model runner,
+#               trl.generation.vllm_generation and opct.backends.vllm import (found by importing them with every
+#               other distribution blocked), less mistral_common's tokenizer files and pycountry's translations.
+# Here, once, after `bash dev/gpu_vs_trl.sh prepare` (.gpu/):  bash dev/gpu_vllm.sh prepare  (fills .gv1/, .gv2/)
+# Then two device calls back to back (the machine stays warm 30 s between them):
+#   1. carry [".gv1"]:          bash dev/gpu_vllm.sh keep
+#   2. carry [".gpu", ".gv2"]:  bash dev/gpu_vllm.sh         (results in $OUT)
+set -u -o pipefail
+if [ "${1:-}" = prepare ]; then
+    for d in .gv1 .gv2; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
+    site=$(mktemp -d) && tmp=$(mktemp -d) || exit 1
+    plat="--python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64
+          --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+          --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64"
+    deps="distro==1.9.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5"  # openai 3.57 imports httpx2
+    for p in pydantic pydantic-core annotated-types typing-inspection cachetools cbor2 msgspec pyzmq pybase64 openai \
+             jiter sniffio partial-json-parser setproctitle ijson blake3 python-json-logger depyf astor mistral-common \
+             oss-harmony jsonschema jsonschema-specifications referencing rpds-py pydantic-extra-types pycountry \
+             llguidance xgrammar apache-tvm-ffi fastapi starlette; do
+        deps="$deps $p==$(.venv-vllm/bin/python -c "import importlib.metadata as m; print(m.version('$p'))")" || exit 1
+    done
+    python3 -m pip download -q --no-deps $plat -d "$tmp" vllm==0.26.0 $deps || exit 1
+    python3 -m pip install -q --no-deps --no-compile $plat --target "$site" "$tmp"/*.whl || exit 1
+    (cd "$site" && rm -rf vllm/vllm_flash_attn/_vllm_fa[23]_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so \
+        vllm/_flashmla_C.abi3.so vllm/vllm-rs vllm/third_party/deep_gemm vllm/third_party/fmha_sm100 \
+        mistral_common/data/* pycountry/locales/* pycountry/tests tvm_ffi/include tvm_ffi/3rdparty bin) || exit 1
+    python3 - "$site/vllm" <<'PY' || exit 1
+import sys
+root = sys.argv[1]
+edits = {
+    "vllm_flash_attn/__init__.py": ("if not (FA2_AVAILABLE or FA3_AVAILABLE):\n    raise ImportError(",
+                                    "if False:  # carried without its extensions (opct dev/gpu_vllm.sh)\n"
+                                    "    raise ImportError("),
+    "v1/attention/backends/flash_attn.py": (
+        "    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:\n"
+        "        return capability >= DeviceCapability(8, 0)",
+        "    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:\n"
+        "        from vllm.vllm_flash_attn.flash_attn_interface import FA2_AVAILABLE, FA3_AVAILABLE\n"
+        "        return (FA2_AVAILABLE or FA3_AVAILABLE) and capability >= DeviceCapability(8, 0)"),
+}
+for rel, (old, new) in edits.items():
+    path = f"{root}/{rel}"
+    text = open(path).read()
+    assert text.count(old) == 1, f"{path}: the text to patch is not there once"
+    open(path, "w").write(text.replace(old, new))
+PY
+    rm -rf .gv1 .gv2 && mkdir .gv1 .gv2 || exit 1
+    (cd "$site" && tar cf - .) | xz -9 -T2 > "$tmp/site.tar.xz" || exit 1
+    head -c 56000000 "$tmp/site.tar.xz" > .gv1/a && tail -c +56000001 "$tmp/site.tar.xz" > .gv2/b || exit 1
+    (cd "$tmp" && sha256sum site.tar.xz) > .gv2/sha256
+    rm -rf "$site" "$tmp"
+    du -sh .gv1 .gv2
+    exit 0
+fi
+if [ "${1:-}" = keep ]; then
+    mkdir -p /tmp/keep && cp .gv1/a /tmp/keep/a && ls -la /tmp/keep && nvidia-smi -L
+    exit $?
+fi
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT" /tmp/vsite
+a=/tmp/keep/a; [ -f "$a" ] || a=.gv1/a
+sums=$PWD/.gv2/sha256
+cat "$a" .gv2/b > /tmp/site.tar.xz && (cd /tmp && sha256sum -c "$sums") || exit 1
+xz -dc /tmp/site.tar.xz | tar xf - -C /tmp/vsite || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+    || exit 1
+# VLLM_USE_FLASHINFER_SAMPLER=0: vLLM's sampler otherwise imports flashinfer (not carried) to ask whether it can use it
+export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD/src PYTHONUNBUFFERED=1 OPCT_CACHE=$PWD/.gpu/cache HF_HUB_OFFLINE=1 \
+    VLLM_USE_FLASHINFER_SAMPLER=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, peft, trl, vllm, vllm.entrypoints.llm, trl.generation.vllm_generation
+import opct.backends.vllm
+print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, vllm)})" 2>&1 | tail -3 || exit 1
+cp -r .gpu/like/qwen /tmp/like-qwen && gunzip /tmp/like-qwen/tokenizer.json.gz \
+    && python3 benchmarks/random_weights.py --like /tmp/like-qwen --out /tmp/qwen 2>/dev/null || exit 1
+# Four sides in one rotation: opct (hf backend, CUDA graphs), TRL (transformers generate), opct --sampler vllm, TRL
+# with its colocated vLLM; the new axes' configuration (issue 22 acceptance 1's flags), random weights.
+# The vLLM sides run under a time limit (a hung engine must not take the whole call). A first start compiles and
+# captures CUDA graphs: TRL's engine was ready within ~100 s on an H200; opct's fp32 + LoRA engine took over 75 s.
+printf '#!/bin/bash\nexec timeout -k 10 %s python3 "$@"\n' "${SIDE_LIMIT_S:-330}" > /tmp/pyv && chmod +x /tmp/pyv
+python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
+    --lora-rank 32 --rounds "${ROUNDS:-1}" --steps 3 --warmup 1 --vary-seed --vllm-python /tmp/pyv \
+    --trl-vllm --out "$OUT/vs_trl-gpu-qwen05b-random-vllm.json" > /dev/null 2> "$OUT/vs_trl.log"
+rc=$?
+grep "^\[vs_trl\]" "$OUT/vs_trl.log"
+python3 - "$OUT" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/vs_trl-gpu-*.json")):
+    c = json.load(open(f))["configs"]["lora_r32"]
+    for k in ("opct", "trl", "opct_vllm", "trl_vllm"):
+        s = c.get(k) or {}
+        print(k, json.dumps({x: s.get(x) for x in ("median_step_s", "phases_s", "decode_s_per_token", "peak_gpu_mb",
+                                                   "response_tokens", "process_wall_s", "errors")},
+                            default=str)[:900])
+    print("ratio", json.dumps(c.get("ratio"), default=str)[:600])
+    print("ratio_to_trl_vllm", json.dumps(c.get("ratio_to_trl_vllm"), default=str)[:900])
+    for k in ("opct_vllm", "trl_vllm"):
+        for run in c["raw_runs"].get(k, []):
+            if "error" in run:
+                print(k, "ERROR", run["error"], str(run.get("stderr_tail"))[-2500:])
+PY
+exit $rc
