@@ -414,6 +414,9 @@ def main(argv=None):
     p.add_argument("--trl-vllm", action="store_true",
                    help="also run TRL with its colocated vLLM engine (trl_step.py --vllm; under --vllm-python if "
                         "given): side trl_vllm, which opct's sides are also compared with (ratio_to_trl_vllm)")
+    p.add_argument("--sides", default=None, metavar="A,B",
+                   help="run only these of the sides the other flags set up (opct, trl, opct_vllm, trl_vllm), e.g. "
+                        "opct,trl_vllm where device time is short")
     p.add_argument("--contention", nargs="?", const="own", choices=["own", "same"], default=None,
                    help="run every side next to a nice-19 busy loop pinned to the last core, in a session of its "
                         "own (default, like another user's job) or in this one (`--contention same`)")
@@ -447,6 +450,13 @@ def main(argv=None):
         sides.append(Side("opct_vllm", args.opct_step, python=args.vllm_python, extra=["--sampler", "vllm"]))
     if args.trl_vllm:
         sides.append(Side("trl_vllm", TRL_STEP, python=args.vllm_python, extra=["--vllm"], env=trl_env))
+    if args.sides:
+        wanted = args.sides.split(",")
+        unknown = sorted(set(wanted) - {side.name for side in sides})
+        if unknown:
+            p.error(f"--sides: {', '.join(unknown)} not among the sides set up ({', '.join(s.name for s in sides)}; "
+                    "opct_vllm needs --vllm-python, trl_vllm --trl-vllm)")
+        sides = [side for side in sides if side.name in wanted]
     runs = {rank: {side.name: [] for side in sides} for rank in ranks}
     for r in range(args.rounds):
         for rank in ranks:

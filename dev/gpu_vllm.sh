@@ -13,7 +13,8 @@
 #               trl.generation.vllm_generation and opct.backends.vllm import (found by importing them with every
 #               other distribution blocked), less mistral_common's tokenizer files and pycountry's translations.
 # Here, once, after `bash dev/gpu_vs_trl.sh prepare` (.gpu/):  bash dev/gpu_vllm.sh prepare  (fills .gv1/, .gv2/)
-# Then two device calls back to back (the machine stays warm 30 s between them):
+# Then two device calls back to back (the machine stays warm 30 s between them; on 2026-11-27 the first call's
+# machine took ~5 min to start, out of the session's 15 min of device time, so give the second call ~9 min):
 #   1. carry [".gv1"]:          bash dev/gpu_vllm.sh keep
 #   2. carry [".gpu", ".gv2"]:  bash dev/gpu_vllm.sh         (results in $OUT)
 set -u -o pipefail
@@ -84,14 +85,16 @@ import opct.backends.vllm
 print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, vllm)})" 2>&1 | tail -3 || exit 1
 cp -r .gpu/like/qwen /tmp/like-qwen && gunzip /tmp/like-qwen/tokenizer.json.gz \
     && python3 benchmarks/random_weights.py --like /tmp/like-qwen --out /tmp/qwen 2>/dev/null || exit 1
-# Four sides in one rotation: opct (hf backend, CUDA graphs), TRL (transformers generate), opct --sampler vllm, TRL
-# with its colocated vLLM; the new axes' configuration (issue 22 acceptance 1's flags), random weights.
+# Up to four sides in one rotation: opct (hf backend, CUDA graphs), trl (transformers generate; measured before, so
+# left out by default), opct_vllm (--sampler vllm), trl_vllm (TRL's colocated vLLM); the new axes' configuration
+# (issue 22 acceptance 1's flags), random weights. SIDES=opct,trl,opct_vllm,trl_vllm runs all four.
 # The vLLM sides run under a time limit (a hung engine must not take the whole call). A first start compiles and
 # captures CUDA graphs: TRL's engine was ready within ~100 s on an H200; opct's fp32 + LoRA engine took over 75 s.
 printf '#!/bin/bash\nexec timeout -k 10 %s python3 "$@"\n' "${SIDE_LIMIT_S:-330}" > /tmp/pyv && chmod +x /tmp/pyv
 python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
     --lora-rank 32 --rounds "${ROUNDS:-1}" --steps 3 --warmup 1 --vary-seed --vllm-python /tmp/pyv \
-    --trl-vllm --out "$OUT/vs_trl-gpu-qwen05b-random-vllm.json" > /dev/null 2> "$OUT/vs_trl.log"
+    --trl-vllm --sides "${SIDES:-opct,opct_vllm,trl_vllm}" --out "$OUT/vs_trl-gpu-qwen05b-random-vllm.json" \
+    > /dev/null 2> "$OUT/vs_trl.log"
 rc=$?
 grep "^\[vs_trl\]" "$OUT/vs_trl.log"
 python3 - "$OUT" <<'PY'

@@ -249,6 +249,21 @@ def test_trl_vllm_side_runs_trl_step_with_vllm_and_is_compared_with_each_opct_si
     assert config["decode_s_per_token"]["trl_vllm"]["ratio_to_trl"] == pytest.approx(3 / 8)
 
 
+def test_sides_picks_among_the_sides_set_up(mods, tmp_path, monkeypatch, capsys):
+    vs = mods["vs_trl"]
+    calls = []
+    monkeypatch.setattr(vs, "run_side", lambda side, flags, contention=False, threads=None:
+                        calls.append(side.name) or {"steps_s": [1.0], "peak_rss_mb": 1.0, "phases_s": {}})
+    step = tmp_path / "step.py"
+    step.write_text("")
+    base = ["--rounds", "2", "--no-bounds", "--opct-step", str(step), "--vllm-python", "/v/python", "--trl-vllm"]
+    vs.main(base + ["--sides", "opct,trl_vllm"])
+    assert calls == ["opct", "trl_vllm", "trl_vllm", "opct"]  # the rotation reverses in round 2, as with all sides
+    with pytest.raises(SystemExit) as e:
+        vs.main(base[:-3] + ["--sides", "opct,trl_vllm"])
+    assert e.value.code == 2 and "trl_vllm not among the sides set up (opct, trl" in capsys.readouterr().err
+
+
 def test_a_side_gets_its_own_environment(mods, tmp_path, monkeypatch):
     vs = mods["vs_trl"]
     script = tmp_path / "env.py"
