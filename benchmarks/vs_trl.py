@@ -26,7 +26,7 @@ each with `decode_s_per_token_includes` (opct: its decode loop, prefill excluded
 TRL: `generate`, prefill included); the summary lists them together and their ratio to TRL.
 `--trl-vllm` adds TRL with its colocated vLLM engine (`trl_step.py --vllm`, under `--vllm-python` if given) as side
 `trl_vllm`; each opct side is then also compared with it in `ratio_to_trl_vllm` (a GPU comparison: TRL's colocated
-mode needs one).
+mode needs one). `--sides opct,trl_vllm` runs only those of the sides set up, where device time is short.
 
 `--contention` runs every side under the same load: for the duration of each run a busy-loop process (plain
 Python integer arithmetic from a fixed seed, `nice 19`, pinned to the last core with sched_setaffinity) is
