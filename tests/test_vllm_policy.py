@@ -317,11 +317,13 @@ def test_ranks_sharing_one_server_load_their_adapters_under_their_own_names(tiny
     assert loaded == ["opct-rank0-step0-v1", "opct-rank0-step1-v2", "opct-rank1-step0-v1", "opct-rank1-step1-v2"]
 
 
-@pytest.mark.parametrize("device,cuda_graphs,want", [("cuda", True, False), ("cuda", False, True), ("cpu", True, None)])
-def test_an_engine_on_a_gpu_captures_cuda_graphs_unless_they_are_off(monkeypatch, tiny_model_dir, device,
-                                                                       cuda_graphs, want):
-    """In-process vLLM on a GPU: enforce_eager = not cuda_graphs, with the configured share of the GPU's memory; on
-    the CPU neither is passed (the sampler's eager default)."""
+@pytest.mark.parametrize("device,cuda_graphs,lora_rank,want", [("cuda", True, 8, False), ("cuda", False, 8, True),
+                                                                ("cuda", True, 0, True), ("cpu", True, 8, None)])
+def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(monkeypatch, tiny_model_dir, device,
+                                                                                cuda_graphs, lora_rank, want):
+    """In-process vLLM on a GPU: enforce_eager = not (cuda_graphs and LoRA), with the configured share of the GPU's
+    memory (a full fine-tune's weight reload is not known to keep graph addresses); on the CPU neither is passed
+    (the sampler's eager default)."""
     import torch
 
     import opct.backends
@@ -339,7 +341,8 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_unless_they_are_off(monkeypatch
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(vllm_sampler, "VLLMSampler", Engine)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    cfg = TrainConfig(model=str(tiny_model_dir), sampler="vllm", cuda_graphs=cuda_graphs, vllm_gpu_memory=0.25)
+    cfg = TrainConfig(model=str(tiny_model_dir), sampler="vllm", cuda_graphs=cuda_graphs, vllm_gpu_memory=0.25,
+                      lora_rank=lora_rank)
     vllm_backend.make_sampler(cfg, [2], prompt_lengths=[10])
     assert seen.get("enforce_eager") is want
     assert seen.get("gpu_memory_utilization") == (0.25 if device == "cuda" else None)

@@ -47,8 +47,8 @@ class ExecConfig:
                        "processes leave free (env OPCT_THREADS; a fixed count makes runs bit-reproducible under any "
                        "load)", group=EXEC)
     cuda_graphs: bool = opt(True, "on a CUDA GPU: the hf backend replays each decode step as one CUDA graph over a "
-                            "static KV cache, an in-process vLLM sampler compiles and captures its own (off: one "
-                            "kernel launch at a time)", group=EXEC)
+                            "static KV cache, an in-process vLLM sampler of a LoRA run compiles and captures its own "
+                            "(off: one kernel launch at a time)", group=EXEC)
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on. One exception, off by
     # default: decode_dtype=bfloat16 samples from weights rounded to bfloat16.

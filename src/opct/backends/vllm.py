@@ -100,7 +100,8 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
     tokens); a server given by --vllm-url has its own, which must hold the longest prompt + max_new_tokens.
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
     device (under torchrun each rank has its own engine on its own GPU); an in-process engine there captures CUDA
-    graphs unless `cuda_graphs` is off (a server started here runs eagerly, as on the CPU)."""
+    graphs for LoRA runs unless `cuda_graphs` is off (a full fine-tune's engine, and a server started here, run
+    eagerly, as on the CPU)."""
     from opct.backends import resolve
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
@@ -112,10 +113,12 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
     on_gpu = device.type == "cuda"
     gpu = str(torch.cuda.current_device()) if on_gpu else None
     if cfg.sampler == "vllm":
-        # On a GPU the engine compiles and captures its decode as CUDA graphs unless cuda_graphs is off (a slower
-        # start, then no per-kernel launches); on the CPU it always runs eagerly.
-        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory,
-                 "enforce_eager": not getattr(cfg, "cuda_graphs", True)} if on_gpu else {}
+        # On a GPU a LoRA run's engine compiles and captures its decode as CUDA graphs unless cuda_graphs is off (a
+        # slower start, then no per-kernel launches): a synced adapter is copied into vLLM's LoRA buffers, which the
+        # graphs read. A full fine-tune's sync reloads the weights (vllm_worker.WeightSync re-points tied ones), not
+        # known to keep the addresses a graph reads, so that engine stays eager, as every engine on the CPU.
+        graphs = getattr(cfg, "cuda_graphs", True) and cfg.lora_rank > 0
+        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not graphs} if on_gpu else {}
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
             return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
     if cfg.vllm_url:
