@@ -213,7 +213,7 @@ def main(argv=None):
     phases_s = {k: median([p.get(k, 0.0) for p in phases_m]) for k in phase_names}
     token_means = {k: sum(t[k] for t in tokens_m) / len(tokens_m) for k in (tokens_m[0] if tokens_m else {})}
 
-    gen = getattr(trainer, "generation_config", None) or config
+    gen = trainer.generation_config
     result = {
         "side": "trl_vllm" if args.vllm else "trl",
         "median_step_s": median(steps_m),
@@ -249,9 +249,8 @@ def main(argv=None):
             "distillation_mode": config.distillation_mode,
             "teacher_model_kind": config.teacher_model_kind,
             "teacher_prompt_template": config.teacher_prompt_template,
-            "generation": {"do_sample": getattr(gen, "do_sample", True), "temperature": gen.temperature,
-                           "top_p": gen.top_p, "top_k": gen.top_k, "min_p": gen.min_p,
-                           "max_new_tokens": getattr(gen, "max_new_tokens", config.max_completion_length)},
+            "generation": {"do_sample": gen.do_sample, "temperature": gen.temperature, "top_p": gen.top_p,
+                           "top_k": gen.top_k, "min_p": gen.min_p, "max_new_tokens": gen.max_new_tokens},
             "use_vllm": args.vllm,
             "vllm_dtype": (str(trainer.vllm_generation.llm.llm_engine.model_config.dtype) if args.vllm else None),
             "dtype": str(next(trainer.model.parameters()).dtype),
