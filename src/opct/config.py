@@ -49,6 +49,10 @@ class ExecConfig:
     cuda_graphs: bool = opt(True, "on a CUDA GPU: the hf backend replays each decode step as one CUDA graph over a "
                             "static KV cache, an in-process vLLM sampler of a LoRA run compiles and captures its own "
                             "(off: one kernel launch at a time)", group=EXEC)
+    merged_decode: bool = opt(False, "hf backend with LoRA: sample from a copy of the model with the adapters merged "
+                              "into its weights, refreshed before each sampling (no LoRA kernels in a decode step; one "
+                              "more copy of the adapted weights in memory): a GPU setting, see docs/speed.md",
+                              group=EXEC)
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on. One exception, off by
     # default: decode_dtype=bfloat16 samples from weights rounded to bfloat16.

@@ -89,7 +89,8 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     else:
         from opct.backends.hf import HFPolicy
 
-        policy = HFPolicy(model, tok, eos_ids, cuda_graphs=getattr(cfg, "cuda_graphs", False))
+        policy = HFPolicy(model, tok, eos_ids, cuda_graphs=getattr(cfg, "cuda_graphs", False),
+                          merged_decode=getattr(cfg, "merged_decode", False))
     if getattr(cfg, "sampler", "policy") != "policy":
         from opct.backends.vllm import VLLMPolicy, make_sampler
 

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from opct.algo.losses import token_logprobs
-from opct.backends import static_decode
+from opct.backends import merged_decode, static_decode
 from opct.backends.base import Policy, Rollout, Scores
 from opct.backends.batching import Batch, build_batch, left_pad
 from opct.backends.sampling import SamplingSettings, decode_loop
@@ -113,10 +113,13 @@ def generate(model, prompts_N: list[list[int]], settings: SamplingSettings, eos_
 class HFPolicy(Policy):
     name = "hf"
 
-    def __init__(self, model, tok, eos_ids: set[int], cuda_graphs: bool = False):
+    def __init__(self, model, tok, eos_ids: set[int], cuda_graphs: bool = False, merged_decode: bool = False):
         self.model, self.tok, self.eos_ids = model, tok, set(eos_ids)
         # On CUDA, decode over a static KV cache, each step one replayed CUDA graph, where `generate` finds it applies.
         self.cuda_graphs = cuda_graphs
+        # A LoRA model samples from a copy with the adapters merged in (backends/merged_decode.py), made on first use.
+        self.merged_decode = merged_decode
+        self.merged = None
         self.pad_id = tok.pad_token_id
         self.device = next(model.parameters()).device
         self.frozen = Teacher(model)  # before any update: the frozen initial model
@@ -158,6 +161,11 @@ class HFPolicy(Policy):
     # -- what subclasses change ------------------------------------------------------------------------------------
 
     def _generate(self, prompts_N, settings, gen) -> list[list[int]]:
+        if self.merged_decode and self.replica is None and merged_decode.unsupported_reason(self.model) is None:
+            if self.merged is None:
+                self.merged = merged_decode.MergedCopy(self.model)
+            model = self.merged.refresh().model  # the adapters as they are now, after the last update
+            return generate(model, prompts_N, settings, self.eos_ids, self.pad_id, gen, cuda_graphs=self.cuda_graphs)
         lm = self.model if self.replica is None else lambda **kw: self.replica(part="lm", **kw)
         # CUDA graphs only outside data parallelism: a DDP / FSDP2 forward runs collectives and hooks of its own.
         return generate(self.model, prompts_N, settings, self.eos_ids, self.pad_id, gen,

@@ -55,7 +55,7 @@ RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "thread
              "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "prefill_scoring",
              "teacher_prefix_cache",
              "keys_only_last_layer", "unpadded_prompts", "unpadded_scoring", "keep_freed_memory", "huge_pages",
-             "vllm_gpu_memory", "vllm_kv_cache_gib", "cuda_graphs"}
+             "vllm_gpu_memory", "vllm_kv_cache_gib", "cuda_graphs", "merged_decode"}
 
 
 def check_out_dir(cfg: RunConfig) -> Path:

@@ -1,0 +1,66 @@
+"""A LoRA model's decoding copy: the base model with the adapters merged into its weights, refreshed in place.
+
+PEFT computes each adapted linear as base(x) + lora_B(lora_A(x)) * scaling, four more kernels a linear in every
+decode step (about 670 a token for a 24-layer model with all seven linears adapted). On a GPU, where a decode step's
+small kernels, launched or replayed one by one, set the pace, decoding from W + scaling * B A removes them. The copy
+shares every parameter the adapters do not touch (embeddings, norms, an untied head) with the PEFT model and holds
+its own tensor for each adapted linear's weight: one more copy of those weights in memory. `refresh` writes
+W + delta into those tensors in place (the same storage each time), called before each sampling so that the copy
+follows every optimizer step.
+
+Only sampling reads the copy: the scores and the frozen teacher (the adapters switched off) use the PEFT model.
+Merged and unmerged products round differently, so the sampled tokens can differ from the unmerged model's by float
+rounding, as with the CPU backend's merged decoder; the log-probs the loss uses come from the PEFT model either way.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def unsupported_reason(model) -> str | None:
+    """Why `model` cannot decode from a merged copy here, or None: it must be a PEFT LoRA model whose adapted layers
+    PEFT can express as one weight delta (no DoRA)."""
+    if not hasattr(model, "peft_config"):
+        return "not a PEFT model"
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    if not layers:
+        return "no LoRA layers"
+    if any(any(getattr(m, "use_dora", {}).get(n, False) for n in m.lora_A) for m in layers):
+        return "DoRA adapters"
+    return None
+
+
+class MergedCopy:
+    """`model` (a PEFT LoRA model) as a plain transformers model with its active adapters merged in; `.model` is the
+    copy, to be refreshed before use after any change to the adapter weights."""
+
+    def __init__(self, model):
+        base = model.get_base_model()
+        lora = {name: m for name, m in base.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
+        own = {id(m.base_layer.weight) for m in lora.values()}
+        # Shared, not copied: every tensor except the adapted linears' weights (those the copy merges into).
+        memo = {id(t): t for t in [*base.parameters(), *base.buffers()] if id(t) not in own}
+        self.model = copy.deepcopy(base, memo)
+        self.pairs = []  # (the PEFT LoRA layer, the copy's plain linear in its place)
+        for name, mod in lora.items():
+            parent_name, _, attr = name.rpartition(".")
+            parent = self.model.get_submodule(parent_name)
+            plain = getattr(parent, attr).base_layer
+            plain.weight.requires_grad_(False)
+            setattr(parent, attr, plain)
+            self.pairs.append((mod, plain))
+        self.model.eval()
+
+    @torch.no_grad()
+    def refresh(self) -> "MergedCopy":
+        """Write each adapted weight + the active adapters' deltas into the copy, in place."""
+        for mod, plain in self.pairs:
+            merged = mod.base_layer.weight.detach().float()  # summed in float32, rounded once to the weight's dtype
+            for n in mod.active_adapters:
+                if n in mod.lora_A:
+                    merged = merged + mod.get_delta_weight(n).float()
+            plain.weight.copy_(merged)
+        return self
