@@ -358,31 +358,21 @@ def compare(runs: dict[str, list[dict]], bounds: dict, rank: int) -> dict:
     side with its ratio to TRL, each side against the bounds, and the raw runs."""
     pooled = {name: pool_runs(rs) for name, rs in runs.items()}
     opct, trl = pooled.get("opct"), pooled.get("trl")
-    entry = {
-        "opct": opct,
-        "trl": trl,
-        "ratio": {"step_time": ratio(opct, trl, "median_step_s"), "peak_rss": ratio(opct, trl, "peak_rss_mb"),
-                  "peak_gpu": ratio(opct, trl, "peak_gpu_mb"),
-                  "step_time_spread": ratio_spread(runs.get("opct", []), runs.get("trl", [])),
-                  "decode_s_per_token": ratio(opct, trl, "decode_s_per_token")},
-    }
+
+    def ratios(side: str, peer: str) -> dict:
+        a, b = pooled.get(side), pooled.get(peer)
+        return {"step_time": ratio(a, b, "median_step_s"), "peak_rss": ratio(a, b, "peak_rss_mb"),
+                "peak_gpu": ratio(a, b, "peak_gpu_mb"),
+                "step_time_spread": ratio_spread(runs.get(side, []), runs.get(peer, [])),
+                "decode_s_per_token": ratio(a, b, "decode_s_per_token")}
+
+    entry = {"opct": opct, "trl": trl, "ratio": ratios("opct", "trl")}
     if "opct_vllm" in pooled:
-        vllm = pooled["opct_vllm"]
-        entry["opct_vllm"] = vllm
-        entry["ratio_vllm"] = {"step_time": ratio(vllm, trl, "median_step_s"),
-                               "peak_rss": ratio(vllm, trl, "peak_rss_mb"),
-                               "step_time_spread": ratio_spread(runs["opct_vllm"], runs.get("trl", [])),
-                               "decode_s_per_token": ratio(vllm, trl, "decode_s_per_token")}
+        entry["opct_vllm"] = pooled["opct_vllm"]
+        entry["ratio_vllm"] = ratios("opct_vllm", "trl")
     if "trl_vllm" in pooled:
-        trl_vllm = pooled["trl_vllm"]
-        entry["trl_vllm"] = trl_vllm
-        entry["ratio_to_trl_vllm"] = {
-            name: {"step_time": ratio(pooled[name], trl_vllm, "median_step_s"),
-                   "peak_rss": ratio(pooled[name], trl_vllm, "peak_rss_mb"),
-                   "peak_gpu": ratio(pooled[name], trl_vllm, "peak_gpu_mb"),
-                   "step_time_spread": ratio_spread(runs[name], runs["trl_vllm"]),
-                   "decode_s_per_token": ratio(pooled[name], trl_vllm, "decode_s_per_token")}
-            for name in ("opct", "opct_vllm") if name in pooled}
+        entry["trl_vllm"] = pooled["trl_vllm"]
+        entry["ratio_to_trl_vllm"] = {name: ratios(name, "trl_vllm") for name in ("opct", "opct_vllm") if name in pooled}
     entry["decode_s_per_token"] = {
         name: {"seconds": p.get("decode_s_per_token"), "includes": p.get("decode_s_per_token_includes"),
                "ratio_to_trl": ratio(p, trl, "decode_s_per_token")}

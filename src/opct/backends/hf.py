@@ -117,7 +117,8 @@ class HFPolicy(Policy):
         self.model, self.tok, self.eos_ids = model, tok, set(eos_ids)
         # On CUDA, decode over a static KV cache, each step one replayed CUDA graph, where `generate` finds it applies.
         self.cuda_graphs = cuda_graphs
-        # A LoRA model samples from a copy with the adapters merged in (backends/merged_decode.py), made on first use.
+        # A LoRA model samples from a copy with the adapters merged in (backends/merged_decode.py), made on first use
+        # (None: not made yet; False: this model or setup cannot).
         self.merged_decode = merged_decode
         self.merged = None
         self.pad_id = tok.pad_token_id
@@ -161,9 +162,11 @@ class HFPolicy(Policy):
     # -- what subclasses change ------------------------------------------------------------------------------------
 
     def _generate(self, prompts_N, settings, gen) -> list[list[int]]:
-        if self.merged_decode and self.replica is None and merged_decode.unsupported_reason(self.model) is None:
-            if self.merged is None:
-                self.merged = merged_decode.MergedCopy(self.model)
+        if self.merged is None:  # decided once: data parallelism is set up before the first sampling
+            use = (self.merged_decode and self.replica is None
+                   and merged_decode.unsupported_reason(self.model) is None)
+            self.merged = merged_decode.MergedCopy(self.model) if use else False
+        if self.merged:
             model = self.merged.refresh().model  # the adapters as they are now, after the last update
             return generate(model, prompts_N, settings, self.eos_ids, self.pad_id, gen, cuda_graphs=self.cuda_graphs)
         lm = self.model if self.replica is None else lambda **kw: self.replica(part="lm", **kw)
