@@ -96,7 +96,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
     p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="the cpu backend's decode_dtype (bfloat16: sampling on bfloat16 weight copies)")
+                   help="decode_dtype (bfloat16: sampling on bfloat16 weight copies; the cpu backend, or the hf "
+                        "backend with --set merged_decode=true)")
     p.add_argument("--sampler", default="policy", choices=["policy", "vllm"],
                    help="who samples: the training backend, or an in-process vLLM engine (needs vllm installed)")
     p.add_argument("--seed", type=int, default=0,
@@ -109,8 +110,8 @@ def main() -> None:
     try:  # before any model loads: a bad --set stops here (ConfigError is a ValueError)
         sets = parse_sets(a.set)
         cfg = step_config("", a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank, loss=a.loss,
-                          threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
-                          decode_dtype=a.decode_dtype, seed=a.seed, device=a.device, **sets)
+                          threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler, seed=a.seed,
+                          device=a.device, **{"decode_dtype": a.decode_dtype, **sets})
     except ValueError as e:
         p.error(str(e))
 

@@ -264,6 +264,23 @@ def test_sides_picks_among_the_sides_set_up(mods, tmp_path, monkeypatch, capsys)
     assert e.value.code == 2 and "trl_vllm not among the sides set up (opct, trl" in capsys.readouterr().err
 
 
+def test_opct_set_reaches_the_opct_side_only(mods, tmp_path, monkeypatch):
+    vs = mods["vs_trl"]
+    calls = {}
+
+    def fake_run_side(side, flags, contention=False, threads=None):
+        calls[side.name] = side.extra
+        return {"steps_s": [1.0], "peak_rss_mb": 1.0, "phases_s": {}}
+
+    monkeypatch.setattr(vs, "run_side", fake_run_side)
+    step = tmp_path / "step.py"
+    step.write_text("")
+    vs.main(["--rounds", "1", "--no-bounds", "--opct-step", str(step), "--vllm-python", "/v/python", "--trl-vllm",
+             "--decode-dtype", "bfloat16", "--opct-set", "merged_decode=true", "--opct-set", "cuda_graphs=false"])
+    assert calls["opct"] == ["--decode-dtype", "bfloat16", "--set", "merged_decode=true", "--set", "cuda_graphs=false"]
+    assert calls["trl"] == [] and calls["opct_vllm"] == ["--sampler", "vllm"] and calls["trl_vllm"] == ["--vllm"]
+
+
 def test_a_side_gets_its_own_environment(mods, tmp_path, monkeypatch):
     vs = mods["vs_trl"]
     script = tmp_path / "env.py"

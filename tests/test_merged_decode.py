@@ -1,6 +1,8 @@
 """Decoding from a merged copy of a LoRA model (backends/merged_decode.py): the copy decodes the PEFT model's logits,
 follows updates to the adapter, shares what the adapters do not touch, and leaves the PEFT model as it was."""
 
+import copy
+
 import pytest
 import torch
 
@@ -57,8 +59,85 @@ def test_a_model_without_lora_decodes_as_it_is(tiny_model_dir):
     assert merged.merged is False  # no copy made: it decodes the model itself
 
 
+def bf16_policy(model, tok, **cfg):
+    return make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(merged_decode=True, decode_dtype="bfloat16",
+                                                                         **cfg))
+
+
+def bf16_reference_logits(model, tok, monkeypatch):
+    """What a bfloat16 merged copy must decode: PEFT's own merge of a copy of `model`, its parameters (not its
+    buffers) rounded to bfloat16, decoded as a plain model."""
+    ref = copy.deepcopy(model).merge_and_unload()
+    for p in ref.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return policy_logits(make_policy("hf", ref, tok, {tok.eos_token_id}, TrainConfig(cuda_graphs=False)), monkeypatch)
+
+
+def test_a_bfloat16_merged_copy_decodes_the_rounded_merge_and_follows_an_update(tiny_model_dir, monkeypatch):
+    """decode_dtype=bfloat16 with merged_decode on a float32 LoRA model: the copy holds every parameter in bfloat16
+    (none shared), buffers such as the rotary frequencies in float32, decodes exactly what PEFT's merge rounded to
+    bfloat16 decodes, before and after an adapter update, and leaves the float32 model as it was."""
+    model, tok = lora_model(tiny_model_dir, "cpu")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fp32, _ = policies(model, tok, cuda_graphs=False)
+    bf16 = bf16_policy(model, tok, cuda_graphs=False)
+    got_NTV = policy_logits(bf16, monkeypatch)
+    assert torch.equal(got_NTV, bf16_reference_logits(model, tok, monkeypatch))
+    want_NTV = policy_logits(fp32, monkeypatch)
+    assert 0 < (got_NTV - want_NTV).abs().max() < 0.1 * want_NTV.abs().max()  # rounded, still the same model
+
+    copy_model = bf16.merged.model
+    assert {p.dtype for p in copy_model.parameters()} == {torch.bfloat16}
+    assert {b.dtype for n, b in copy_model.named_buffers() if "inv_freq" in n} == {torch.float32}
+    ids = {id(t) for t in [*model.parameters(), *model.buffers()]}
+    assert not any(id(t) in ids for t in [*copy_model.parameters(), *copy_model.buffers()])
+    assert all(torch.equal(p, before[n]) and p.dtype == torch.float32 for n, p in model.named_parameters())
+
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_A" in n:
+                p.add_(torch.randn_like(p) * 0.3)
+    got2_NTV = policy_logits(bf16, monkeypatch)
+    assert not torch.equal(got2_NTV, got_NTV)
+    assert torch.equal(got2_NTV, bf16_reference_logits(model, tok, monkeypatch))
+
+
+def test_bfloat16_decoding_on_the_hf_backend_needs_a_merged_lora_copy(tiny_model_dir):
+    """The hf backend samples in bfloat16 only from a merged copy: without --merged-decode, or without LoRA, the
+    run stops before any work with a message naming the options; the cpu backend and a vLLM sampler are not asked."""
+    from opct.backends import BackendError, resolve
+    from opct.models import load_model
+
+    bf16 = dict(device="cpu", dtype="float32", decode_dtype="bfloat16")
+    with pytest.raises(BackendError, match="--decode-dtype bfloat16 on the hf backend.*--merged-decode"):
+        resolve(TrainConfig(backend="hf", **bf16))
+    with pytest.raises(BackendError, match="--merged-decode"):
+        resolve(TrainConfig(backend="hf", merged_decode=True, lora_rank=0, **bf16))
+    assert resolve(TrainConfig(backend="hf", merged_decode=True, **bf16))[2] == "hf"
+    assert resolve(TrainConfig(backend="hf", sampler="vllm", **bf16))[2] == "hf"
+    assert resolve(TrainConfig(backend="cpu", **bf16))[2] == "cpu"
+    assert resolve(TrainConfig(backend="hf", device="cpu", dtype="bfloat16", decode_dtype="bfloat16"))[2] == "hf"
+
+    model, tok = lora_model(tiny_model_dir, "cpu")
+    with pytest.raises(BackendError, match="--merged-decode"):
+        make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(**bf16))
+    plain, _ = load_model(str(tiny_model_dir), dtype=torch.float32)
+    policy = make_policy("hf", plain, tok, {tok.eos_token_id}, TrainConfig(merged_decode=True, **bf16))
+    with pytest.raises(BackendError, match="cannot make one: not a PEFT model"):
+        policy.sample([[1, 5, 6]], SamplingSettings(max_new_tokens=2), torch.Generator().manual_seed(0))
+
+
 @gpu
 @pytest.mark.gpu
 def test_the_merged_copy_under_cuda_graphs_decodes_the_lora_models_logits(tiny_model_dir, monkeypatch):
     model, tok = lora_model(tiny_model_dir, "cuda")
     check_merged_decode(model, tok, monkeypatch, cuda_graphs=True)
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_bfloat16_merged_copy_under_cuda_graphs_decodes_the_rounded_merge(tiny_model_dir, monkeypatch):
+    model, tok = lora_model(tiny_model_dir, "cuda")
+    bf16 = bf16_policy(model, tok, cuda_graphs=True)
+    torch.testing.assert_close(policy_logits(bf16, monkeypatch), bf16_reference_logits(model, tok, monkeypatch),
+                               atol=1e-2, rtol=1e-2)

@@ -53,9 +53,15 @@ class ExecConfig:
                               "into its weights, refreshed before each sampling (no LoRA kernels in a decode step; one "
                               "more copy of the adapted weights in memory): a GPU setting, see docs/speed.md",
                               group=EXEC)
+    decode_dtype: str = opt("float32", "sample from bfloat16 copies of the (LoRA-merged) weights: the cpu backend's "
+                            "lean decoder, or the hf backend's merged copy (needs --merged-decode): faster sampling "
+                            "from a policy rounded to bfloat16 (slightly off-policy; the losses stay float32). Where "
+                            "oneDNN cannot pack bfloat16 (a CPU without AVX-512 or AVX-NE-CONVERT) the cpu backend's "
+                            "products are plain bfloat16 ones", choices=["float32", "bfloat16"], group=EXEC)
+
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
-    # kernels can change float rounding, which changes the sampled tokens from there on. One exception, off by
-    # default: decode_dtype=bfloat16 samples from weights rounded to bfloat16.
+    # kernels can change float rounding, which changes the sampled tokens from there on. (decode_dtype=bfloat16,
+    # above, off by default, samples from weights rounded to bfloat16.)
     cpu_gemm: str = opt("auto", "fp32 matmuls of the forward/backward through oneDNN or torch's own kernels (MKL); "
                         "auto: oneDNN on non-Intel CPUs with AVX-512, torch's elsewhere (env OPCT_CPU_GEMM)",
                         choices=["auto", "onednn", "torch"], group=CPU)
@@ -65,10 +71,6 @@ class ExecConfig:
                              "merged) instead of the Hugging Face forward", group=CPU)
     decode_matmul: str = opt("onednn", "how the lean decoder packs its weights (env OPCT_DECODE_MATMUL)",
                              choices=["onednn", "mkl", "dense"], group=CPU)
-    decode_dtype: str = opt("float32", "the lean decoder's matmuls on bfloat16 copies of the (LoRA-merged) weights: "
-                            "faster sampling from a policy rounded to bfloat16 (slightly off-policy; the losses stay "
-                            "float32). Where oneDNN cannot pack bfloat16 (a CPU without AVX-512 or AVX-NE-CONVERT) "
-                            "the products are plain bfloat16 ones", choices=["float32", "bfloat16"], group=CPU)
     decode_huge_pages: bool = opt(True, "the lean decoder's kept packed weights are moved once onto 2 MB pages (Linux "
                                   "MADV_COLLAPSE), so a decode token streams them with fewer TLB misses", group=CPU)
     short_attention: bool = opt(True, "attention as two batched matmuls at short lengths; beyond, SDPA's flash kernel "

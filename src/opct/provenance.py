@@ -8,6 +8,7 @@ machine without git, has no commit.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 
@@ -24,7 +25,12 @@ def source_root() -> Path | None:
 
 def cpu_info() -> dict[str, str]:
     """/proc/cpuinfo's fields, the first value of each ("vendor_id", "model name", "flags", ...); {} where it cannot
-    be read (not Linux)."""
+    be read (not Linux). Read once a process; each call gets its own dict."""
+    return dict(_cpu_info())
+
+
+@functools.cache
+def _cpu_info() -> dict[str, str]:
     info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:

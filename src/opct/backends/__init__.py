@@ -63,10 +63,18 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
 
 
 def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
-    """(device, dtype, backend) from a config's device / dtype / backend settings."""
+    """(device, dtype, backend) from a config's device / dtype / backend settings; a training config's decode_dtype
+    other than the model's needs, on the hf backend, a merged copy of a LoRA model to sample from."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    return device, dtype, resolve_backend(cfg.backend, device, dtype)
+    backend = resolve_backend(cfg.backend, device, dtype)
+    decode_dtype = getattr(cfg, "decode_dtype", "float32")
+    if (backend == "hf" and hasattr(cfg, "lora_rank") and getattr(cfg, "sampler", "policy") == "policy"
+            and decode_dtype not in ("float32", str(dtype)[6:]) and not (cfg.merged_decode and cfg.lora_rank > 0)):
+        from opct.backends.hf import DECODE_DTYPE_NEEDS_MERGED
+
+        raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
+    return device, dtype, backend
 
 
 def check_sampler(cfg) -> None:
@@ -90,7 +98,9 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
         from opct.backends.hf import HFPolicy
 
         policy = HFPolicy(model, tok, eos_ids, cuda_graphs=getattr(cfg, "cuda_graphs", False),
-                          merged_decode=getattr(cfg, "merged_decode", False))
+                          merged_decode=getattr(cfg, "merged_decode", False),
+                          decode_dtype=(getattr(cfg, "decode_dtype", "float32")
+                                        if getattr(cfg, "sampler", "policy") == "policy" else "float32"))
     if getattr(cfg, "sampler", "policy") != "policy":
         from opct.backends.vllm import VLLMPolicy, make_sampler
 

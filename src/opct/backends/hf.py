@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from opct.algo.losses import token_logprobs
-from opct.backends import merged_decode, static_decode
+from opct.backends import BackendError, merged_decode, static_decode
 from opct.backends.base import Policy, Rollout, Scores
 from opct.backends.batching import Batch, build_batch, left_pad
 from opct.backends.sampling import SamplingSettings, decode_loop
@@ -110,17 +110,25 @@ def generate(model, prompts_N: list[list[int]], settings: SamplingSettings, eos_
     return decode_loop(out.logits[:, -1], step, settings, eos_ids, pad_id, gen)
 
 
+DECODE_DTYPE_NEEDS_MERGED = ("--decode-dtype {} on the hf backend samples from a merged copy of a LoRA model: add "
+                             "--merged-decode (with --lora-rank > 0), or leave --decode-dtype at float32")
+
+
 class HFPolicy(Policy):
     name = "hf"
 
-    def __init__(self, model, tok, eos_ids: set[int], cuda_graphs: bool = False, merged_decode: bool = False):
+    def __init__(self, model, tok, eos_ids: set[int], cuda_graphs: bool = False, merged_decode: bool = False,
+                 decode_dtype: str = "float32"):
         self.model, self.tok, self.eos_ids = model, tok, set(eos_ids)
         # On CUDA, decode over a static KV cache, each step one replayed CUDA graph, where `generate` finds it applies.
         self.cuda_graphs = cuda_graphs
         # A LoRA model samples from a copy with the adapters merged in (backends/merged_decode.py), made on first use
-        # (None: not made yet; False: this model or setup cannot).
+        # (None: not made yet; False: this model or setup cannot), in decode_dtype where that is not the model's.
         self.merged_decode = merged_decode
         self.merged = None
+        self.decode_dtype = None if decode_dtype == "float32" else getattr(torch, decode_dtype)  # None: the model's
+        if self.decode_dtype not in (None, next(model.parameters()).dtype) and not merged_decode:
+            raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
         self.pad_id = tok.pad_token_id
         self.device = next(model.parameters()).device
         self.frozen = Teacher(model)  # before any update: the frozen initial model
@@ -163,9 +171,13 @@ class HFPolicy(Policy):
 
     def _generate(self, prompts_N, settings, gen) -> list[list[int]]:
         if self.merged is None:  # decided once: data parallelism is set up before the first sampling
-            use = (self.merged_decode and self.replica is None
-                   and merged_decode.unsupported_reason(self.model) is None)
-            self.merged = merged_decode.MergedCopy(self.model) if use else False
+            why = ("data-parallel runs sample from the model itself" if self.replica is not None
+                   else merged_decode.unsupported_reason(self.model))
+            if why and self.decode_dtype not in (None, next(self.model.parameters()).dtype):
+                raise BackendError(f"decode_dtype={str(self.decode_dtype)[6:]} on the hf backend samples from the "
+                                   f"merged copy of a LoRA model, and this run cannot make one: {why}")
+            use = self.merged_decode and why is None
+            self.merged = merged_decode.MergedCopy(self.model, self.decode_dtype) if use else False
         if self.merged:
             model = self.merged.refresh().model  # the adapters as they are now, after the last update
             return generate(model, prompts_N, settings, self.eos_ids, self.pad_id, gen, cuda_graphs=self.cuda_graphs)

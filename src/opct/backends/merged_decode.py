@@ -11,6 +11,11 @@ follows every optimizer step.
 Only sampling reads the copy: the scores and the frozen teacher (the adapters switched off) use the PEFT model.
 Merged and unmerged products round differently, so the sampled tokens can differ from the unmerged model's by float
 rounding, as with the CPU backend's merged decoder; the log-probs the loss uses come from the PEFT model either way.
+
+With a `dtype` other than the model's (`decode_dtype: bfloat16` for a float32 run, what TRL's colocated vLLM does by
+default), the copy holds every parameter in that dtype (buffers, such as rotary frequencies, as they are), none
+shared, and `refresh` rounds W + delta (summed in float32) to it: the student samples from a rounded copy of itself, as with the CPU backend's bfloat16
+decoder (docs/design.md), and the loss's log-probs stay the float32 model's.
 """
 
 from __future__ import annotations
@@ -34,16 +39,25 @@ def unsupported_reason(model) -> str | None:
 
 
 class MergedCopy:
-    """`model` (a PEFT LoRA model) as a plain transformers model with its active adapters merged in; `.model` is the
-    copy, to be refreshed before use after any change to the adapter weights."""
+    """`model` (a PEFT LoRA model) as a plain transformers model with its active adapters merged in, in `dtype`
+    (default: the model's); `.model` is the copy, to be refreshed before use after any change to the adapter
+    weights."""
 
-    def __init__(self, model):
+    def __init__(self, model, dtype: torch.dtype | None = None):
         base = model.get_base_model()
         lora = {name: m for name, m in base.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
         own = {id(m.base_layer.weight) for m in lora.values()}
-        # Shared, not copied: every tensor except the adapted linears' weights (those the copy merges into).
-        memo = {id(t): t for t in [*base.parameters(), *base.buffers()] if id(t) not in own}
+        model_dtype = next(base.parameters()).dtype
+        self.dtype = model_dtype if dtype is None else dtype
+        # Shared, not copied: every tensor except the adapted linears' weights (those the copy merges into); in
+        # another dtype nothing is shared.
+        memo = ({id(t): t for t in [*base.parameters(), *base.buffers()] if id(t) not in own}
+                if self.dtype == model_dtype else {})
         self.model = copy.deepcopy(base, memo)
+        if self.dtype != model_dtype:  # parameters only: buffers such as rotary inverse frequencies stay float32
+            for p in self.model.parameters():
+                p.requires_grad_(False)
+                p.data = p.data.to(self.dtype)
         self.pairs = []  # (the PEFT LoRA layer, the copy's plain linear in its place)
         for name, mod in lora.items():
             parent_name, _, attr = name.rpartition(".")
