@@ -74,43 +74,27 @@ a=/tmp/keep/a; [ -f "$a" ] || a=.gv1/a
 sums=$PWD/.gv2/sha256
 cat "$a" .gv2/b > /tmp/site.tar.xz && (cd /tmp && sha256sum -c "$sums") || exit 1
 xz -dc /tmp/site.tar.xz | tar xf - -C /tmp/vsite || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
-    || exit 1
-# VLLM_USE_FLASHINFER_SAMPLER=0: vLLM's sampler otherwise imports flashinfer (not carried) to ask whether it can use it
-export PYTHONPATH=/tmp/site:/tmp/vsite:$PWD/src PYTHONUNBUFFERED=1 OPCT_CACHE=$PWD/.gpu/cache HF_HUB_OFFLINE=1 \
-    VLLM_USE_FLASHINFER_SAMPLER=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+. dev/gpu_lib.sh
+gpu_setup /tmp/vsite || exit 1
+# vLLM's sampler otherwise imports flashinfer (not carried) to ask whether it can use it
+export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -c "import torch, transformers, peft, trl, vllm, vllm.entrypoints.llm, trl.generation.vllm_generation
 import opct.backends.vllm
 print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, vllm)})" 2>&1 | tail -3 || exit 1
-cp -r .gpu/like/qwen /tmp/like-qwen && gunzip /tmp/like-qwen/tokenizer.json.gz \
-    && python3 benchmarks/random_weights.py --like /tmp/like-qwen --out /tmp/qwen 2>/dev/null || exit 1
+random_model qwen || exit 1
 # Up to four sides in one rotation: opct (hf backend, CUDA graphs), trl (transformers generate; measured before, so
 # left out by default), opct_vllm (--sampler vllm), trl_vllm (TRL's colocated vLLM); the new axes' configuration
 # (issue 22 acceptance 1's flags), random weights. SIDES=opct,trl,opct_vllm,trl_vllm runs all four.
 # The vLLM sides run under a time limit (a hung engine must not take the whole call). A first start compiles and
 # captures CUDA graphs: TRL's engine was ready within ~100 s on an H200; opct's fp32 + LoRA engine took over 75 s.
+# OPCT_FLAGS reach vs_trl.py, e.g. "--opct-set merged_decode=true --decode-dtype bfloat16": the opct side then samples
+# as TRL's vLLM does (adapters merged, bfloat16 weights; training float32 on both sides).
 printf '#!/bin/bash\nexec timeout -k 10 %s python3 "$@"\n' "${SIDE_LIMIT_S:-330}" > /tmp/pyv && chmod +x /tmp/pyv
 python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
     --lora-rank 32 --rounds "${ROUNDS:-1}" --steps 3 --warmup 1 --vary-seed --vllm-python /tmp/pyv \
-    --trl-vllm --sides "${SIDES:-opct,opct_vllm,trl_vllm}" --out "$OUT/vs_trl-gpu-qwen05b-random-vllm.json" \
+    --trl-vllm --sides "${SIDES:-opct,opct_vllm,trl_vllm}" ${OPCT_FLAGS:-} --out "$OUT/vs_trl-gpu-qwen05b-random-vllm.json" \
     > /dev/null 2> "$OUT/vs_trl.log"
 rc=$?
 grep "^\[vs_trl\]" "$OUT/vs_trl.log"
-python3 - "$OUT" <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/vs_trl-gpu-*.json")):
-    c = json.load(open(f))["configs"]["lora_r32"]
-    for k in ("opct", "trl", "opct_vllm", "trl_vllm"):
-        s = c.get(k) or {}
-        print(k, json.dumps({x: s.get(x) for x in ("median_step_s", "phases_s", "decode_s_per_token", "peak_gpu_mb",
-                                                   "response_tokens", "process_wall_s", "errors")},
-                            default=str)[:900])
-    print("ratio", json.dumps(c.get("ratio"), default=str)[:600])
-    print("ratio_to_trl_vllm", json.dumps(c.get("ratio_to_trl_vllm"), default=str)[:900])
-    for k in ("opct_vllm", "trl_vllm"):
-        for run in c["raw_runs"].get(k, []):
-            if "error" in run:
-                print(k, "ERROR", run["error"], str(run.get("stderr_tail"))[-2500:])
-PY
+python3 dev/gpu_results.py "$OUT"
 exit $rc

