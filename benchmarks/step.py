@@ -109,9 +109,9 @@ def main() -> None:
     n_steps = a.warmup + a.steps
     try:  # before any model loads: a bad --set stops here (ConfigError is a ValueError)
         sets = parse_sets(a.set)
-        cfg = step_config("", a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank, loss=a.loss,
-                          threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler, seed=a.seed,
-                          device=a.device, **{"decode_dtype": a.decode_dtype, **sets})
+        named = dict(loss=a.loss, threads=a.threads, backend=a.backend, dtype=a.dtype, sampler=a.sampler,
+                     decode_dtype=a.decode_dtype, seed=a.seed, device=a.device)
+        cfg = step_config("", a.model, a.batch, n_steps, a.max_new_tokens, a.lora_rank, **{**named, **sets})
     except ValueError as e:
         p.error(str(e))
 
@@ -158,7 +158,7 @@ def main() -> None:
         "config": {"model": a.model, "batch": a.batch, "max_new_tokens": a.max_new_tokens, "lora_rank": a.lora_rank,
                    "steps": a.steps, "warmup": a.warmup, "threads": a.threads, "loss": a.loss,
                    "backend": a.backend, "dtype": a.dtype, "prompt_tokens": a.prompt_tokens, "sampler": a.sampler,
-                   "decode_dtype": a.decode_dtype, "seed": a.seed, "device": a.device, "set": sets},
+                   "decode_dtype": cfg.decode_dtype, "seed": a.seed, "device": a.device, "set": sets},
         "versions": {"torch": torch.__version__},
         "machine": machine(),
     }

@@ -420,8 +420,8 @@ def main(argv=None):
     p.add_argument("--first-seed", type=int, default=0,
                    help="with --vary-seed, round r runs seed K + r: a further run adds new draws to pool")
     p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="opct's decode_dtype (bfloat16: opct samples on bfloat16 weight copies; TRL stays float32; "
-                        "on a GPU with --opct-set merged_decode=true)")
+                   help="opct's decode_dtype (bfloat16: opct samples on bfloat16 weight copies, on a GPU with "
+                        "--opct-set merged_decode=true; side trl samples in float32, trl_vllm in vLLM's bfloat16)")
     p.add_argument("--opct-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config key for the opct side (step.py --set), e.g. merged_decode=true (repeatable)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -438,7 +438,8 @@ def main(argv=None):
     ranks = [args.lora_rank] + ([0] if args.full and args.lora_rank != 0 else [])
     trl_env = {"THP_MEM_ALLOC_ENABLE": "1"} if args.trl_huge_pages else {}
     opct_extra = ["--decode-dtype", args.decode_dtype, *[x for kv in args.opct_set for x in ("--set", kv)]]
-    sides = ([Side("opct", args.opct_step, extra=opct_extra)] if have_opct else []) + [Side("trl", TRL_STEP, env=trl_env)]
+    sides = [Side("opct", args.opct_step, extra=opct_extra)] if have_opct else []
+    sides.append(Side("trl", TRL_STEP, env=trl_env))
     if args.vllm_python:
         sides.append(Side("opct_vllm", args.opct_step, python=args.vllm_python, extra=["--sampler", "vllm"]))
     if args.trl_vllm:

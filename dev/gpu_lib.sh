@@ -1,5 +1,6 @@
 # Shared by dev/gpu_vs_trl.sh and dev/gpu_vllm.sh (sourced, on the lent GPU machine, from the repo root): the
-# carried wheels installed, the environment every run needs, random-weight models, the results printed.
+# carried wheels installed, the environment every run needs, random-weight models (dev/gpu_results.py prints the
+# results).
 
 # gpu_setup [EXTRA_PYTHONPATH]: .gpu/whl's wheels into /tmp/site, then PYTHONPATH (/tmp/site, the extra entries,
 # src/) and the offline environment; prints the GPU.

@@ -16,9 +16,10 @@ def short(x, n: int) -> str:
 def main(out: str) -> None:
     for f in sorted(glob.glob(out + "/*.json")):
         print("==", f)
+        lines = [line for line in open(f) if line.startswith("{")]  # step.py prints one JSON line; skip any other
         try:
-            data = json.load(open(f))
-        except ValueError as e:  # a run that failed before writing its result
+            data = json.loads(lines[-1]) if len(lines) == 1 else json.load(open(f))
+        except (ValueError, IndexError) as e:  # a run that failed before writing its result
             print("unreadable:", e)
             continue
         if "configs" not in data:  # a step.py result

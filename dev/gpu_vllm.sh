@@ -87,13 +87,13 @@ random_model qwen || exit 1
 # (issue 22 acceptance 1's flags), random weights. SIDES=opct,trl,opct_vllm,trl_vllm runs all four.
 # The vLLM sides run under a time limit (a hung engine must not take the whole call). A first start compiles and
 # captures CUDA graphs: TRL's engine was ready within ~100 s on an H200; opct's fp32 + LoRA engine took over 75 s.
-# OPCT_FLAGS reach vs_trl.py, e.g. "--opct-set merged_decode=true --decode-dtype bfloat16": the opct side then samples
-# as TRL's vLLM does (adapters merged, bfloat16 weights; training float32 on both sides).
+# OPCT_FLAGS reach vs_trl.py, e.g. "--opct-set merged_decode=true --decode-dtype bfloat16": the opct side then
+# samples as TRL's vLLM does (adapters merged, bfloat16 weights; training float32 on both sides).
 printf '#!/bin/bash\nexec timeout -k 10 %s python3 "$@"\n' "${SIDE_LIMIT_S:-330}" > /tmp/pyv && chmod +x /tmp/pyv
 python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
     --lora-rank 32 --rounds "${ROUNDS:-1}" --steps 3 --warmup 1 --vary-seed --vllm-python /tmp/pyv \
-    --trl-vllm --sides "${SIDES:-opct,opct_vllm,trl_vllm}" ${OPCT_FLAGS:-} --out "$OUT/vs_trl-gpu-qwen05b-random-vllm.json" \
-    > /dev/null 2> "$OUT/vs_trl.log"
+    --trl-vllm --sides "${SIDES:-opct,opct_vllm,trl_vllm}" ${OPCT_FLAGS:-} \
+    --out "$OUT/vs_trl-gpu-qwen05b-random-vllm.json" > /dev/null 2> "$OUT/vs_trl.log"
 rc=$?
 grep "^\[vs_trl\]" "$OUT/vs_trl.log"
 python3 dev/gpu_results.py "$OUT"

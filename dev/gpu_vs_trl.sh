@@ -45,15 +45,15 @@ if [ "${1:-}" = decode ]; then
     random_model qwen || exit 1
     python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_static_decode.py tests/test_merged_decode.py \
         2>&1 | tail -5
-    i=0
+    i=0 rc=0
     for sets in "" "--set merged_decode=true" "--set merged_decode=true --decode-dtype bfloat16"; do
         i=$((i + 1))
         python3 benchmarks/step.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
             --lora-rank 32 --steps "${STEPS:-3}" --warmup 1 $sets > "$OUT/step-$i.json" 2> "$OUT/step-$i.log" \
-            || tail -20 "$OUT/step-$i.log"
+            || { rc=1; tail -20 "$OUT/step-$i.log"; }
     done
     python3 dev/gpu_results.py "$OUT"
-    exit 0
+    exit $rc
 fi
 # vLLM's wheel (320 MiB) cannot travel here (dev/gpu_vllm.sh carries a trimmed one): whether the image has one
 python3 -c "import vllm; print('vllm', vllm.__version__, 'is on the image')" 2>/dev/null \

@@ -58,17 +58,35 @@ def test_run_json_records_execution_and_env_overrides(tiny_model_dir, tmp_path, 
     assert "pack_weights: false" in (tmp_path / "run" / "config.yaml").read_text()
 
 
-def test_bfloat16_decode_trains_is_recorded_and_leaves_identical_pairs_at_zero_kl(tiny_model_dir, tmp_path):
-    """decode_dtype=bfloat16 reaches the lean decoder (set up by the cpu backend), is recorded, and changes only what
-    is sampled: the losses stay float32, so pairs whose two prompts are identical still give exactly zero KL."""
+@pytest.mark.parametrize("backend", ["cpu", "hf"])
+def test_bfloat16_decode_trains_is_recorded_and_leaves_identical_pairs_at_zero_kl(tiny_model_dir, tmp_path, backend):
+    """decode_dtype=bfloat16 reaches the lean decoder (set up by the cpu backend) or the hf backend's merged copy, is
+    recorded, and changes only what is sampled: the losses stay float32, so pairs whose two prompts are identical
+    still give exactly zero KL."""
     from opct.backends.cpu import decoder
+    from opct.backends.hf import HFPolicy
+
+    made = []
+    real_generate = HFPolicy._generate
+
+    def generate(self, *a):  # which model the hf backend sampled from
+        out = real_generate(self, *a)
+        made.append(self.merged and {p.dtype for p in self.merged.model.parameters()})
+        return out
 
     same = [ConsistencyPair(p.teacher, p.teacher) for p in pairs()]
     cfg = TrainConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), steps=2, prompts_per_step=2, micro_batch=2,
                       max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, tensorboard=False, device="cpu",
-                      decode_dtype="bfloat16")
-    out = train(cfg, pairs=same, show_progress=False)
-    assert decoder.SETTINGS["dtype"] == torch.bfloat16
+                      decode_dtype="bfloat16", backend=backend, merged_decode=backend == "hf")
+    HFPolicy._generate = generate
+    try:
+        out = train(cfg, pairs=same, show_progress=False)
+    finally:
+        HFPolicy._generate = real_generate
+    if backend == "cpu":
+        assert decoder.SETTINGS["dtype"] == torch.bfloat16
+    else:
+        assert made == [{torch.bfloat16}] * 2  # both steps sampled from the bfloat16 merged copy
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["kl"] == 0.0 and r["response_tokens"] > 0 for r in rows)
     assert json.loads((out / "run.json").read_text())["config"]["decode_dtype"] == "bfloat16"

@@ -123,8 +123,57 @@ def test_bfloat16_decoding_on_the_hf_backend_needs_a_merged_lora_copy(tiny_model
         make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(**bf16))
     plain, _ = load_model(str(tiny_model_dir), dtype=torch.float32)
     policy = make_policy("hf", plain, tok, {tok.eos_token_id}, TrainConfig(merged_decode=True, **bf16))
-    with pytest.raises(BackendError, match="cannot make one: not a PEFT model"):
+    with pytest.raises(BackendError, match=r"cannot make one \(not a PEFT model\): leave --decode-dtype at float32"):
         policy.sample([[1, 5, 6]], SamplingSettings(max_new_tokens=2), torch.Generator().manual_seed(0))
+
+
+def test_a_bfloat16_model_shares_its_tensors_and_other_trained_parameters_are_refused(tiny_model_dir, monkeypatch):
+    """decode_dtype=bfloat16 on a bfloat16 model is the model's own dtype: the copy shares what the adapters do not
+    touch, as at float32. A float32 copy in bfloat16 shares nothing, so a trained parameter outside the adapters
+    would go stale in it: such a run is refused at its first sampling, naming the parameter."""
+    from opct.backends import BackendError
+    from opct.models import add_lora, load_model
+
+    model, tok = load_model(str(tiny_model_dir), dtype=torch.bfloat16)
+    model = add_lora(model, 4, 8.0)
+    policy = bf16_policy(model, tok, cuda_graphs=False, dtype="bfloat16")
+    policy.sample([[1, 5, 6]], SamplingSettings(max_new_tokens=2), torch.Generator().manual_seed(0))
+    assert policy.merged.model.get_input_embeddings().weight is unwrap(model).get_input_embeddings().weight
+
+    model, tok = lora_model(tiny_model_dir, "cpu")
+    norm = next(n for n, p in model.named_parameters() if "norm" in n)
+    model.get_parameter(norm).requires_grad_(True)
+    policy = bf16_policy(model, tok, cuda_graphs=False)
+    with pytest.raises(BackendError, match=f"cannot make one \\(parameters other than LoRA's are trained \\({norm}"):
+        policy.sample([[1, 5, 6]], SamplingSettings(max_new_tokens=2), torch.Generator().manual_seed(0))
+
+
+def test_the_frozen_teacher_never_samples_from_the_students_merged_copy(tiny_model_dir, monkeypatch):
+    """After the student has sampled (its merged copy made, adapters merged in), the teacher view samples the frozen
+    model itself: the same logits as a policy without merged decoding, bit for bit."""
+    model, tok = lora_model(tiny_model_dir, "cpu")
+    plain, merged = policies(model, tok, cuda_graphs=False)
+    policy_logits(merged, monkeypatch)
+    assert merged.merged
+    with plain.teacher() as t:
+        want_NTV = policy_logits(t, monkeypatch)
+    with merged.teacher() as t:
+        got_NTV = policy_logits(t, monkeypatch)
+        assert t.merged is False
+    assert torch.equal(got_NTV, want_NTV)
+    assert not torch.allclose(policy_logits(merged, monkeypatch), want_NTV, atol=1e-2)  # the student's differ
+
+
+def test_a_data_parallel_run_refuses_a_decode_dtype_before_any_work():
+    """A data-parallel run samples from the model itself (no lean decoder, no merged copy)."""
+    from opct.train import distributed, loop
+
+    ddp = distributed.Replicas(rank=0, world=2, mode="ddp")
+    cfg = TrainConfig(prompts_per_step=2, decode_dtype="bfloat16", merged_decode=True)
+    with pytest.raises(loop.RunError, match="--decode-dtype bfloat16: a data-parallel run samples from the model"):
+        loop.check_distributed(cfg, ddp, "hf", torch.float32)
+    assert loop.check_distributed(cfg, ddp, "hf", torch.bfloat16) == "hf"  # the model's own dtype: nothing to do
+    assert loop.check_distributed(TrainConfig(prompts_per_step=2), ddp, "hf", torch.float32) == "hf"
 
 
 @gpu

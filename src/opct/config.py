@@ -51,13 +51,14 @@ class ExecConfig:
                             "(off: one kernel launch at a time)", group=EXEC)
     merged_decode: bool = opt(False, "hf backend with LoRA: sample from a copy of the model with the adapters merged "
                               "into its weights, refreshed before each sampling (no LoRA kernels in a decode step; one "
-                              "more copy of the adapted weights in memory): a GPU setting, see docs/speed.md",
-                              group=EXEC)
-    decode_dtype: str = opt("float32", "sample from bfloat16 copies of the (LoRA-merged) weights: the cpu backend's "
-                            "lean decoder, or the hf backend's merged copy (needs --merged-decode): faster sampling "
-                            "from a policy rounded to bfloat16 (slightly off-policy; the losses stay float32). Where "
-                            "oneDNN cannot pack bfloat16 (a CPU without AVX-512 or AVX-NE-CONVERT) the cpu backend's "
-                            "products are plain bfloat16 ones", choices=["float32", "bfloat16"], group=EXEC)
+                              "more copy of the adapted weights in memory, of all weights with --decode-dtype): a GPU "
+                              "setting, unmeasured there, see docs/speed.md", group=EXEC)
+    decode_dtype: str = opt("float32", "bfloat16: the student samples from bfloat16 copies of its (LoRA-merged) "
+                            "weights, the cpu backend's lean decoder or the hf backend's merged copy (needs "
+                            "--merged-decode); slightly off-policy, the losses stay float32. float32: the model's own "
+                            "dtype. Not used by a vLLM sampler, data-parallel runs or evaluations. Faster on CPUs with "
+                            "bfloat16 products (AVX-512 BF16, AMX); unmeasured on GPUs",
+                            choices=["float32", "bfloat16"], group=EXEC)
 
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on. (decode_dtype=bfloat16,

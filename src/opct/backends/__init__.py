@@ -18,6 +18,10 @@ class BackendError(ValueError):
     """The device, dtype or backend asked for cannot be used here; the message says why."""
 
 
+DECODE_DTYPE_NEEDS_MERGED = ("--decode-dtype {} on the hf backend samples from a merged copy of a LoRA model: add "
+                             "--merged-decode (with --lora-rank > 0), or leave --decode-dtype at float32")
+
+
 def resolve_device(name: str) -> torch.device:
     """auto: the first CUDA device, else Apple's MPS, else the CPU."""
     if name == "auto":
@@ -70,9 +74,8 @@ def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
     backend = resolve_backend(cfg.backend, device, dtype)
     decode_dtype = getattr(cfg, "decode_dtype", "float32")
     if (backend == "hf" and hasattr(cfg, "lora_rank") and getattr(cfg, "sampler", "policy") == "policy"
-            and decode_dtype not in ("float32", str(dtype)[6:]) and not (cfg.merged_decode and cfg.lora_rank > 0)):
-        from opct.backends.hf import DECODE_DTYPE_NEEDS_MERGED
-
+            and decode_dtype not in ("float32", str(dtype).removeprefix("torch."))
+            and not (cfg.merged_decode and cfg.lora_rank > 0)):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
     return device, dtype, backend
 

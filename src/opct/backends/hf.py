@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from opct.algo.losses import token_logprobs
-from opct.backends import BackendError, merged_decode, static_decode
+from opct.backends import DECODE_DTYPE_NEEDS_MERGED, BackendError, merged_decode, static_decode
 from opct.backends.base import Policy, Rollout, Scores
 from opct.backends.batching import Batch, build_batch, left_pad
 from opct.backends.sampling import SamplingSettings, decode_loop
@@ -110,10 +110,6 @@ def generate(model, prompts_N: list[list[int]], settings: SamplingSettings, eos_
     return decode_loop(out.logits[:, -1], step, settings, eos_ids, pad_id, gen)
 
 
-DECODE_DTYPE_NEEDS_MERGED = ("--decode-dtype {} on the hf backend samples from a merged copy of a LoRA model: add "
-                             "--merged-decode (with --lora-rank > 0), or leave --decode-dtype at float32")
-
-
 class HFPolicy(Policy):
     name = "hf"
 
@@ -126,8 +122,9 @@ class HFPolicy(Policy):
         # (None: not made yet; False: this model or setup cannot), in decode_dtype where that is not the model's.
         self.merged_decode = merged_decode
         self.merged = None
-        self.decode_dtype = None if decode_dtype == "float32" else getattr(torch, decode_dtype)  # None: the model's
-        if self.decode_dtype not in (None, next(model.parameters()).dtype) and not merged_decode:
+        dtype = getattr(torch, decode_dtype)  # float32 (the default) means the model's own dtype, whatever it is
+        self.decode_dtype = None if dtype in (torch.float32, next(model.parameters()).dtype) else dtype
+        if self.decode_dtype is not None and not merged_decode:
             raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
         self.pad_id = tok.pad_token_id
         self.device = next(model.parameters()).device
@@ -163,6 +160,7 @@ class HFPolicy(Policy):
         with self.frozen() as frozen_model:
             view = copy.copy(self)
             view.model, view.is_teacher = frozen_model, True
+            view.merged, view.decode_dtype = False, None  # the frozen model samples itself, never the student's copy
             if not self.frozen.shared:  # a separate frozen copy: its own sharded module under FSDP2, else none
                 view.replica = self.frozen.replica
             yield view
@@ -172,10 +170,11 @@ class HFPolicy(Policy):
     def _generate(self, prompts_N, settings, gen) -> list[list[int]]:
         if self.merged is None:  # decided once: data parallelism is set up before the first sampling
             why = ("data-parallel runs sample from the model itself" if self.replica is not None
-                   else merged_decode.unsupported_reason(self.model))
-            if why and self.decode_dtype not in (None, next(self.model.parameters()).dtype):
-                raise BackendError(f"decode_dtype={str(self.decode_dtype)[6:]} on the hf backend samples from the "
-                                   f"merged copy of a LoRA model, and this run cannot make one: {why}")
+                   else merged_decode.unsupported_reason(self.model, self.decode_dtype))
+            if why and self.decode_dtype is not None:
+                raise BackendError(f"--decode-dtype {str(self.decode_dtype).removeprefix('torch.')} on the hf "
+                                   f"backend samples from a merged copy of a LoRA model, and this run cannot make one "
+                                   f"({why}): leave --decode-dtype at float32")
             use = self.merged_decode and why is None
             self.merged = merged_decode.MergedCopy(self.model, self.decode_dtype) if use else False
         if self.merged:

@@ -12,10 +12,11 @@ Only sampling reads the copy: the scores and the frozen teacher (the adapters sw
 Merged and unmerged products round differently, so the sampled tokens can differ from the unmerged model's by float
 rounding, as with the CPU backend's merged decoder; the log-probs the loss uses come from the PEFT model either way.
 
-With a `dtype` other than the model's (`decode_dtype: bfloat16` for a float32 run, what TRL's colocated vLLM does by
-default), the copy holds every parameter in that dtype (buffers, such as rotary frequencies, as they are), none
-shared, and `refresh` rounds W + delta (summed in float32) to it: the student samples from a rounded copy of itself, as with the CPU backend's bfloat16
-decoder (docs/design.md), and the loss's log-probs stay the float32 model's.
+With a `dtype` other than the model's (`decode_dtype: bfloat16` for a float32 run, as TRL's colocated vLLM samples
+by default), the copy holds every parameter in that dtype (buffers, such as rotary frequencies, as they are), none
+shared (a copy of the whole model in that dtype), and `refresh` rounds W + delta (summed in float32) to it: the
+student samples from a rounded copy of itself, as with the CPU backend's bfloat16 decoder (docs/design.md), and the
+loss's log-probs stay the float32 model's. The frozen teacher never samples from the copy.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import copy
 import torch
 
 
-def unsupported_reason(model) -> str | None:
-    """Why `model` cannot decode from a merged copy here, or None: it must be a PEFT LoRA model whose adapted layers
-    PEFT can express as one weight delta (no DoRA)."""
+def unsupported_reason(model, dtype: torch.dtype | None = None) -> str | None:
+    """Why `model` cannot decode from a merged copy (in `dtype`, default its own) here, or None: it must be a PEFT LoRA
+    model whose adapted layers PEFT can express as one weight delta (no DoRA); a copy in another dtype shares no
+    tensor, so nothing but the LoRA weights may be trained (refresh copies only those)."""
     if not hasattr(model, "peft_config"):
         return "not a PEFT model"
     layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
@@ -35,6 +37,10 @@ def unsupported_reason(model) -> str | None:
         return "no LoRA layers"
     if any(any(getattr(m, "use_dora", {}).get(n, False) for n in m.lora_A) for m in layers):
         return "DoRA adapters"
+    if dtype not in (None, next(model.parameters()).dtype):
+        trained = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n]
+        if trained:
+            return f"parameters other than LoRA's are trained ({trained[0]}, ...)"
     return None
 
 
@@ -49,15 +55,16 @@ class MergedCopy:
         own = {id(m.base_layer.weight) for m in lora.values()}
         model_dtype = next(base.parameters()).dtype
         self.dtype = model_dtype if dtype is None else dtype
-        # Shared, not copied: every tensor except the adapted linears' weights (those the copy merges into); in
-        # another dtype nothing is shared.
-        memo = ({id(t): t for t in [*base.parameters(), *base.buffers()] if id(t) not in own}
-                if self.dtype == model_dtype else {})
+        if self.dtype == model_dtype:
+            # Shared, not copied: every tensor except the adapted linears' weights (those the copy merges into).
+            memo = {id(t): t for t in [*base.parameters(), *base.buffers()] if id(t) not in own}
+        else:
+            # Every parameter as a new one in `dtype`, made tensor by tensor (no float32 copy of the whole model on
+            # the way; tied weights stay tied: one entry a tensor); the LoRA weights, dropped below, are not
+            # copied. Buffers, such as rotary inverse frequencies, are copied as they are.
+            memo = {id(p): (p if "lora_" in n else torch.nn.Parameter(p.detach().to(self.dtype), requires_grad=False))
+                    for n, p in base.named_parameters()}
         self.model = copy.deepcopy(base, memo)
-        if self.dtype != model_dtype:  # parameters only: buffers such as rotary inverse frequencies stay float32
-            for p in self.model.parameters():
-                p.requires_grad_(False)
-                p.data = p.data.to(self.dtype)
         self.pairs = []  # (the PEFT LoRA layer, the copy's plain linear in its place)
         for name, mod in lora.items():
             parent_name, _, attr = name.rpartition(".")

@@ -215,7 +215,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     backends.check_sampler(cfg)
     replicas, device = distributed.init(device, cfg.parallel)
     if replicas.world > 1:
-        backend = check_distributed(cfg, replicas, backend)
+        backend = check_distributed(cfg, replicas, backend, dtype)
     out = check_out_dir(cfg)
     replicas.barrier()  # every rank has checked the directory before rank 0 writes to it
     if pairs is None:
@@ -306,8 +306,13 @@ class NullLog:
         pass
 
 
-def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, backend: str) -> str:
+def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, backend: str, dtype: torch.dtype) -> str:
     """What a data-parallel run needs, checked before any work; returns the backend to use (hf)."""
+    decode_dtype = getattr(cfg, "decode_dtype", "float32")
+    if (getattr(cfg, "sampler", "policy") == "policy"
+            and decode_dtype not in ("float32", str(dtype).removeprefix("torch."))):
+        raise RunError(f"--decode-dtype {decode_dtype}: a data-parallel run samples from the model itself (no lean "
+                       "decoder, no merged copy); leave --decode-dtype at float32")
     if cfg.prompts_per_step % replicas.world:
         raise RunError(f"--prompts-per-step {cfg.prompts_per_step} does not divide evenly over {replicas.world} "
                        "processes; each process takes an equal share of the step's prompts")
