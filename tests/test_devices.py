@@ -59,7 +59,8 @@ def test_run_json_records_execution_and_env_overrides(tiny_model_dir, tmp_path, 
 
 
 @pytest.mark.parametrize("backend", ["cpu", "hf"])
-def test_bfloat16_decode_trains_is_recorded_and_leaves_identical_pairs_at_zero_kl(tiny_model_dir, tmp_path, backend):
+def test_bfloat16_decode_trains_is_recorded_and_leaves_identical_pairs_at_zero_kl(tiny_model_dir, tmp_path, backend,
+                                                                                    monkeypatch):
     """decode_dtype=bfloat16 reaches the lean decoder (set up by the cpu backend) or the hf backend's merged copy, is
     recorded, and changes only what is sampled: the losses stay float32, so pairs whose two prompts are identical
     still give exactly zero KL."""
@@ -78,11 +79,8 @@ def test_bfloat16_decode_trains_is_recorded_and_leaves_identical_pairs_at_zero_k
     cfg = TrainConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), steps=2, prompts_per_step=2, micro_batch=2,
                       max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, tensorboard=False, device="cpu",
                       decode_dtype="bfloat16", backend=backend, merged_decode=backend == "hf")
-    HFPolicy._generate = generate
-    try:
-        out = train(cfg, pairs=same, show_progress=False)
-    finally:
-        HFPolicy._generate = real_generate
+    monkeypatch.setattr(HFPolicy, "_generate", generate)
+    out = train(cfg, pairs=same, show_progress=False)
     if backend == "cpu":
         assert decoder.SETTINGS["dtype"] == torch.bfloat16
     else:

@@ -66,15 +66,23 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
     return name
 
 
+def other_decode_dtype(cfg, dtype: torch.dtype) -> str | None:
+    """The decode_dtype a config asks the policy to sample in when it is not the model's `dtype` (float32, the
+    default, means the model's own), else None; a vLLM sampler does not use it."""
+    decode_dtype = getattr(cfg, "decode_dtype", "float32")
+    if getattr(cfg, "sampler", "policy") != "policy" or decode_dtype in ("float32", str(dtype).removeprefix("torch.")):
+        return None
+    return decode_dtype
+
+
 def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
     """(device, dtype, backend) from a config's device / dtype / backend settings; a training config's decode_dtype
     other than the model's needs, on the hf backend, a merged copy of a LoRA model to sample from."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     backend = resolve_backend(cfg.backend, device, dtype)
-    decode_dtype = getattr(cfg, "decode_dtype", "float32")
-    if (backend == "hf" and hasattr(cfg, "lora_rank") and getattr(cfg, "sampler", "policy") == "policy"
-            and decode_dtype not in ("float32", str(dtype).removeprefix("torch."))
+    decode_dtype = other_decode_dtype(cfg, dtype)
+    if (backend == "hf" and hasattr(cfg, "lora_rank") and decode_dtype
             and not (cfg.merged_decode and cfg.lora_rank > 0)):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
     return device, dtype, backend

@@ -52,11 +52,11 @@ class MergedCopy:
     def __init__(self, model, dtype: torch.dtype | None = None):
         base = model.get_base_model()
         lora = {name: m for name, m in base.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")}
-        own = {id(m.base_layer.weight) for m in lora.values()}
         model_dtype = next(base.parameters()).dtype
         self.dtype = model_dtype if dtype is None else dtype
         if self.dtype == model_dtype:
             # Shared, not copied: every tensor except the adapted linears' weights (those the copy merges into).
+            own = {id(m.base_layer.weight) for m in lora.values()}
             memo = {id(t): t for t in [*base.parameters(), *base.buffers()] if id(t) not in own}
         else:
             # Every parameter as a new one in `dtype`, made tensor by tensor (no float32 copy of the whole model on

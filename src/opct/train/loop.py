@@ -308,9 +308,8 @@ class NullLog:
 
 def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, backend: str, dtype: torch.dtype) -> str:
     """What a data-parallel run needs, checked before any work; returns the backend to use (hf)."""
-    decode_dtype = getattr(cfg, "decode_dtype", "float32")
-    if (getattr(cfg, "sampler", "policy") == "policy"
-            and decode_dtype not in ("float32", str(dtype).removeprefix("torch."))):
+    decode_dtype = backends.other_decode_dtype(cfg, dtype)
+    if decode_dtype:
         raise RunError(f"--decode-dtype {decode_dtype}: a data-parallel run samples from the model itself (no lean "
                        "decoder, no merged copy); leave --decode-dtype at float32")
     if cfg.prompts_per_step % replicas.world:
