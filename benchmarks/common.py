@@ -234,6 +234,9 @@ def machine() -> dict:
     flags = set((cpu.get("flags") or cpu.get("features") or "").split())
     info = {"cpu": cpu.get("model name") or cpu.get("hardware"), "cores": os.cpu_count(),
             "isa": [f for f in ISA_FLAGS if f in flags]}
+    # A VM's model name can hide the generation ("AMD EPYC" for Zen 2 to Zen 5): family/model/stepping tell them apart.
+    if all(k in cpu for k in ("vendor_id", "cpu family", "model", "stepping")):
+        info["cpu_id"] = f"{cpu['vendor_id']} family {cpu['cpu family']} model {cpu['model']} stepping {cpu['stepping']}"
     try:
         with open("/proc/meminfo") as f:
             kb = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])

@@ -117,7 +117,9 @@ def load_results(path: str, config: dict) -> dict:
     if there is None:
         print(f"cost_growth.py: warning: {path} does not say which CPU its cells ran on (older file): its timings are "
               "comparable with this machine's only if it was this one", file=sys.stderr)
-    elif here != there or config["machine"].get("cores") != old["machine"].get("cores"):
+    elif here != there or config["machine"].get("cores") != old["machine"].get("cores") or \
+            None not in (config["machine"].get("cpu_id"), old["machine"].get("cpu_id")) and \
+            config["machine"]["cpu_id"] != old["machine"]["cpu_id"]:
         raise GridError(f"{path}: field 'config.machine' is {old['machine']!r}, this machine is {config['machine']!r}; "
                         "timings from another machine are not mixed: use another --out")
     for key in MATCH_KEYS:

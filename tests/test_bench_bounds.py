@@ -161,3 +161,10 @@ def test_pool_vs_trl_pools_rounds_of_several_files(vs_trl, tmp_path, capsys):
         (tmp_path / f"r{i}.json").write_text(json.dumps({**r, "machine": {"cpu": cpu, "cores": 2}}))
     with pytest.raises(SystemExit, match="different CPUs"):
         pool.main(files)
+    # nor files from two generations behind one model name (VMs often say only "AMD EPYC")
+    for i, model in enumerate(["17", "2"]):
+        r = json.loads((tmp_path / f"r{i}.json").read_text())
+        (tmp_path / f"r{i}.json").write_text(json.dumps({**r, "machine": {
+            "cpu": "AMD EPYC", "cores": 2, "cpu_id": f"AuthenticAMD family {25 + i} model {model} stepping 1"}}))
+    with pytest.raises(SystemExit, match="different CPUs"):
+        pool.main(files)

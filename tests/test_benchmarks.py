@@ -4,6 +4,8 @@ import importlib.util
 import json
 import math
 import os
+import platform
+import re
 import sys
 from pathlib import Path
 
@@ -141,6 +143,8 @@ def test_results_record_the_machine_and_are_not_mixed_across_machines(mods, tmp_
     assert here["cores"] >= 1 and isinstance(here["isa"], list) and set(here["isa"]) <= set(common.ISA_FLAGS)
     if sys.platform.startswith("linux"):
         assert here["cpu"] and here["mem_gb"] > 0
+        if platform.machine() == "x86_64":
+            assert re.fullmatch(r"\w+ family \d+ model \d+ stepping \d+", here["cpu_id"])
     config = {"model": "m", "batch": 8, "lora_rank": 32, "steps": 2, "warmup": 1, "threads": None, "contention": None,
               "huge_pages": False}
     path = str(tmp_path / "grid.json")
@@ -148,6 +152,12 @@ def test_results_record_the_machine_and_are_not_mixed_across_machines(mods, tmp_
     with pytest.raises(cg.GridError, match=r"grid.json: field 'config.machine'.*another machine"):
         cg.load_results(path, {**config, "machine": {"cpu": "This CPU", "cores": 2}})
     assert cg.load_results(path, {**config, "machine": {"cpu": "Some Other CPU", "cores": 2}})["cells"] == {}
+    # the same model name on another generation (VMs often say only "AMD EPYC") is another machine too
+    zen4 = {"cpu": "AMD EPYC", "cores": 2, "cpu_id": "AuthenticAMD family 25 model 17 stepping 1"}
+    cg.save_results(path, cg.new_results({**config, "machine": zen4}))
+    with pytest.raises(cg.GridError, match="another machine"):
+        cg.load_results(path, {**config, "machine": {**zen4, "cpu_id": "AuthenticAMD family 26 model 2 stepping 1"}})
+    assert cg.load_results(path, {**config, "machine": {"cpu": "AMD EPYC", "cores": 2}})["cells"] == {}  # id unknown
     cg.save_results(path, cg.new_results(config))  # an older file: no machine recorded, resumed with a warning
     cg.load_results(path, {**config, "machine": here})
     assert "does not say which CPU" in capsys.readouterr().err
