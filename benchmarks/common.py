@@ -246,6 +246,14 @@ def machine() -> dict:
     return info
 
 
+def other_cpus(machines: list[dict]) -> bool:
+    """Whether these `machine()` records name more than one CPU: two model names, or two `cpu_id`s (a record
+    without one, from an older file, matches any id). Timings from two CPUs are never pooled or mixed."""
+    names = {m.get("cpu") for m in machines} - {None}
+    ids = {m.get("cpu_id") for m in machines} - {None}
+    return len(names) > 1 or len(ids) > 1
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MB (ru_maxrss is KB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -46,7 +46,7 @@ from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import machine  # noqa: E402
+from common import machine, other_cpus  # noqa: E402
 from opct.provenance import git_commit  # noqa: E402
 from vs_trl import OPCT_STEP, TRL_STEP, BusyLoop, Side, huge_pages_env, run_side  # noqa: E402
 
@@ -118,8 +118,7 @@ def load_results(path: str, config: dict) -> dict:
         print(f"cost_growth.py: warning: {path} does not say which CPU its cells ran on (older file): its timings are "
               "comparable with this machine's only if it was this one", file=sys.stderr)
     elif here != there or config["machine"].get("cores") != old["machine"].get("cores") or \
-            None not in (config["machine"].get("cpu_id"), old["machine"].get("cpu_id")) and \
-            config["machine"]["cpu_id"] != old["machine"]["cpu_id"]:
+            other_cpus([config["machine"], old["machine"]]):
         raise GridError(f"{path}: field 'config.machine' is {old['machine']!r}, this machine is {config['machine']!r}; "
                         "timings from another machine are not mixed: use another --out")
     for key in MATCH_KEYS:

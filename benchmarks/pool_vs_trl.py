@@ -18,6 +18,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import other_cpus  # noqa: E402
 from vs_trl import ratio_spread  # noqa: E402
 
 
@@ -26,20 +27,20 @@ def main(argv=None) -> None:
     p.add_argument("files", nargs="+")
     p.add_argument("--config", default="lora_r32", help="which compared configuration of each file")
     a = p.parse_args(argv)
-    opct, trl, configs, cpus, cpu_ids = [], [], [], set(), set()
+    opct, trl, configs, machines = [], [], [], []
     for f in a.files:
         r = json.loads(Path(f).read_text())
-        cpus.add((r.get("machine") or {}).get("cpu"))
-        cpu_ids.add((r.get("machine") or {}).get("cpu_id"))  # family/model/stepping, where the file records it
+        machines.append(r.get("machine") or {})
         raw = r["configs"][a.config]["raw_runs"]
         opct += raw["opct"]
         trl += raw["trl"]
         configs.append({k: r["config"].get(k) for k in ("model", "batch", "max_new_tokens", "prompt_tokens",
                                                           "steps", "warmup", "huge_pages", "trl_huge_pages",
                                                           "decode_dtype")})
-    if len(cpus - {None}) > 1 or len(cpu_ids - {None}) > 1:
-        sys.exit(f"pool_vs_trl.py: the files ran on different CPUs ({sorted(cpus - {None})}, "
-                 f"{sorted(cpu_ids - {None})}); not pooled")
+    cpus = {m.get("cpu") for m in machines}
+    if other_cpus(machines):
+        ids = sorted({m.get("cpu_id") for m in machines} - {None})
+        sys.exit(f"pool_vs_trl.py: the files ran on different CPUs ({sorted(cpus - {None})}, {ids}); not pooled")
     steps = lambda runs: [s for run in runs if "error" not in run for s in run["steps_s"]]  # noqa: E731
     print(json.dumps({"files": a.files, "configs": configs, "cpus": sorted(cpus, key=str), "rounds": len(opct),
                       "step_time": median(steps(opct)) / median(steps(trl)),
