@@ -247,11 +247,11 @@ def machine() -> dict:
 
 
 def other_cpus(machines: list[dict]) -> bool:
-    """Whether these `machine()` records name more than one CPU: two model names, or two `cpu_id`s (a record
-    without one, from an older file, matches any id). Timings from two CPUs are never pooled or mixed."""
-    names = {m.get("cpu") for m in machines} - {None}
-    ids = {m.get("cpu_id") for m in machines} - {None}
-    return len(names) > 1 or len(ids) > 1
+    """Whether these `machine()` records may be more than one CPU: they differ in model name, ISA flags or `cpu_id`.
+    A record without `cpu_id` (files from before 2026-11-28) differs from one with it: "AMD EPYC" has named three
+    generations. Records with no CPU at all (no `machine` in the file) are left out. Timings from two CPUs are
+    never pooled or mixed."""
+    return len({(m["cpu"], m.get("cpu_id"), tuple(m.get("isa", ()))) for m in machines if m.get("cpu")}) > 1
 
 
 def peak_rss_mb() -> float:

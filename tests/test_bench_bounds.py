@@ -161,6 +161,16 @@ def test_pool_vs_trl_pools_rounds_of_several_files(vs_trl, tmp_path, capsys):
         (tmp_path / f"r{i}.json").write_text(json.dumps({**r, "machine": {"cpu": cpu, "cores": 2}}))
     with pytest.raises(SystemExit, match="different CPUs"):
         pool.main(files)
+    # nor a file from before cpu_id was recorded with one after it, or two with different ISA flags
+    for machines in ([{"cpu": "AMD EPYC", "cores": 2, "isa": ["avx2"]},
+                      {"cpu": "AMD EPYC", "cores": 2, "isa": ["avx2"], "cpu_id": "AuthenticAMD family 26 model 2"}],
+                     [{"cpu": "AMD EPYC", "cores": 2, "isa": ["avx2"]},
+                      {"cpu": "AMD EPYC", "cores": 2, "isa": ["avx2", "avx512f"]}]):
+        for i, m in enumerate(machines):
+            r = json.loads((tmp_path / f"r{i}.json").read_text())
+            (tmp_path / f"r{i}.json").write_text(json.dumps({**r, "machine": m}))
+        with pytest.raises(SystemExit, match="different CPUs"):
+            pool.main(files)
     # nor files from two generations behind one model name (VMs often say only "AMD EPYC")
     for i, model in enumerate(["17", "2"]):
         r = json.loads((tmp_path / f"r{i}.json").read_text())
@@ -168,3 +178,11 @@ def test_pool_vs_trl_pools_rounds_of_several_files(vs_trl, tmp_path, capsys):
             "cpu": "AMD EPYC", "cores": 2, "cpu_id": f"AuthenticAMD family {25 + i} model {model} stepping 1"}}))
     with pytest.raises(SystemExit, match="different CPUs"):
         pool.main(files)
+    # files of one CPU, recorded alike, pool
+    for i in range(2):
+        r = json.loads((tmp_path / f"r{i}.json").read_text())
+        (tmp_path / f"r{i}.json").write_text(json.dumps({**r, "machine": {
+            "cpu": "AMD EPYC", "cores": 2, "isa": ["avx2", "avx512f"], "cpu_id": "AuthenticAMD family 26 model 2"}}))
+    capsys.readouterr()
+    pool.main(files)
+    assert json.loads(capsys.readouterr().out)["rounds"] == 2
