@@ -75,7 +75,7 @@ def step_config(out: str, model: str, batch: int, steps: int, max_new_tokens: in
 
     values = {"model": model, "out": out, "steps": steps, "prompts_per_step": batch, "micro_batch": batch,
               "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lora_rank": lora_rank,
-              "lora_alpha": 2.0 * lora_rank, "lr": 1e-5, "save_every": 0, "tensorboard": False, "device": "cpu"}
+              "lora_alpha": 2.0 * lora_rank, "lr": 1e-5, "save_every": 0, "report_to": "none", "device": "cpu"}
     return from_dict(TrainConfig, {**values, **overrides}, where="benchmarks/step.py")
 
 

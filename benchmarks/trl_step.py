@@ -102,6 +102,9 @@ def main(argv=None):
     from datasets import Dataset
     from transformers import TrainerCallback
 
+    from opct.extras import require
+
+    require("trl", "benchmarks/trl_step.py (TRL's SDFTTrainer side)")
     import trl
     from trl.experimental.sdft import SDFTConfig, SDFTTrainer
 

@@ -88,7 +88,7 @@ def test_train_cli_end_to_end(tmp_path, capsys, tiny_model_dir):
     pairs = write_pairs(tmp_path / "p.jsonl", [GOOD] * 3)
     out = tmp_path / "out"
     code, _ = run(capsys, "--model", str(tiny_model_dir), "--pairs", str(pairs), "--out", str(out), "--steps", "2",
-                  "--prompts-per-step", "2", "--max-new-tokens", "4", "--lora-rank", "2", "--no-tensorboard")
+                  "--prompts-per-step", "2", "--max-new-tokens", "4", "--lora-rank", "2", "--report-to", "none")
     assert code == 0 and (out / "run.json").is_file() and (out / "model" / "adapter_config.json").is_file()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     need = {"kl", "logp_student", "logp_teacher", "response_len", "time_sample", "time_teacher", "time_student",
@@ -135,7 +135,7 @@ def test_nan_training_stops_with_an_error_and_nothing_looks_finished(tmp_path, c
     out = tmp_path / "out"
     code, err = run(capsys, "--model", str(tiny_model_dir), "--pairs", str(write_pairs(tmp_path / "p.jsonl", [GOOD] * 2)),
                     "--out", str(out), "--steps", "2", "--prompts-per-step", "2", "--max-new-tokens", "4",
-                    "--lora-rank", "2", "--kl-coef", "1e39", "--lr", "1e6", "--no-tensorboard")
+                    "--lora-rank", "2", "--kl-coef", "1e39", "--lr", "1e6", "--report-to", "none")
     assert code == 2 and "is not finite" in err and "Traceback" not in err
     assert not (out / "run.json").exists() and not (out / "model").exists()
 

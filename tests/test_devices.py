@@ -23,7 +23,7 @@ def pairs():
 
 def run(tmp_path, model_dir, **kw):
     cfg = TrainConfig(model=str(model_dir), out=str(tmp_path / "run"), steps=2, prompts_per_step=2, micro_batch=2,
-                      max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, tensorboard=False, **kw)
+                      max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, report_to="none", **kw)
     out = train(cfg, pairs=pairs(), show_progress=False)
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()], json.loads((out / "run.json").read_text())
 
@@ -77,7 +77,7 @@ def test_bfloat16_decode_trains_is_recorded_and_leaves_identical_pairs_at_zero_k
 
     same = [ConsistencyPair(p.teacher, p.teacher) for p in pairs()]
     cfg = TrainConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), steps=2, prompts_per_step=2, micro_batch=2,
-                      max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, tensorboard=False, device="cpu",
+                      max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, report_to="none", device="cpu",
                       decode_dtype="bfloat16", backend=backend, merged_decode=backend == "hf")
     monkeypatch.setattr(HFPolicy, "_generate", generate)
     out = train(cfg, pairs=same, show_progress=False)

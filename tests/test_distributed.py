@@ -36,7 +36,7 @@ def command(model_dir, pairs, out, procs: int, *extra, steps: int = 3) -> list[s
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "opct"]
               if procs > 1 else [sys.executable, "-m", "opct"])
     return [*launch, *extra, "--model", str(model_dir), "--pairs", str(pairs), "--out", str(out), "--steps", str(steps),
-            "--prompts-per-step", "4", "--micro-batch", "2", "--max-new-tokens", "6", "--no-tensorboard",
+            "--prompts-per-step", "4", "--micro-batch", "2", "--max-new-tokens", "6", "--report-to", "none",
             "--backend", "hf", "--threads", "1"]
 
 
@@ -200,6 +200,7 @@ def _sharded_weights(ckpt: Path) -> dict:
     return {k.removeprefix("lm."): v for k, v in state.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel,kind", [("ddp", "lora"), ("fsdp", "lora"), ("fsdp", "full")])
 def test_killed_rank_resumes_to_the_uninterrupted_run(setup, kill_refs, tiny_model_dir, parallel, kind):
     """A rank killed after the step-2 checkpoint: --resume on 2 processes finishes with the metrics and weights
@@ -232,6 +233,7 @@ def test_killed_rank_resumes_to_the_uninterrupted_run(setup, kill_refs, tiny_mod
             assert torch.allclose(t, got[k], atol=1e-6, rtol=1e-5), k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_resume_with_another_process_count_is_refused(setup, tiny_model_dir, parallel):
     d, pairs = setup

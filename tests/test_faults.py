@@ -38,7 +38,7 @@ def pairs(tmp_path_factory):
 def argv(model, pairs, out, *extra):
     return ["train", "--model", str(model), "--pairs", str(pairs), "--out", str(out), "--steps", str(STEPS),
             "--save-every", "1", "--keep-checkpoints", "2", "--prompts-per-step", "2", "--max-new-tokens", "4",
-            "--lora-rank", "2", "--lr", "1e-2", "--no-tensorboard", "--threads", "1", *extra]
+            "--lora-rank", "2", "--lr", "1e-2", "--report-to", "none", "--threads", "1", *extra]
 
 
 def metrics(out):
@@ -79,6 +79,7 @@ def reference(server, tiny_model_dir, pairs, tmp_path_factory):
     return out, events
 
 
+@pytest.mark.slow
 def test_kill_9_at_seeded_points_then_resume_equals_the_uninterrupted_run(server, reference, tiny_model_dir, pairs,
                                                                           tmp_path):
     """Per seed: kill -9 at a seeded event (before or in the middle of a write), resume and kill again at another,

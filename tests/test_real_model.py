@@ -36,7 +36,7 @@ def test_one_opct_step_on_the_real_model(smollm2, tmp_path):
 
     out = tmp_path / "run"
     train(TrainConfig(model=SMOLLM2["alias"], pairs=str(EXAMPLES), out=str(out), steps=1, prompts_per_step=2,
-                      micro_batch=2, max_new_tokens=8, tensorboard=False), show_progress=False)
+                      micro_batch=2, max_new_tokens=8, report_to="none"), show_progress=False)
     row = json.loads((out / "metrics.jsonl").read_text())
     # the cue changes the model's distribution, so the teacher assigns the student's tokens lower probability
     assert 0 < row["response_len"] <= 8 and row["kl"] == row["kl"] and row["logp_student"] > row["logp_teacher"] - 5

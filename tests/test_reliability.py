@@ -21,7 +21,7 @@ from opct.cli import main
 
 GOOD = {"student": [{"role": "system", "content": "Say B."}, {"role": "user", "content": "Hi? I think B."}],
         "teacher": [{"role": "user", "content": "Hi?"}]}
-SMALL = ["--prompts-per-step", "2", "--max-new-tokens", "4", "--lora-rank", "2", "--no-tensorboard"]
+SMALL = ["--prompts-per-step", "2", "--max-new-tokens", "4", "--lora-rank", "2", "--report-to", "none"]
 
 
 @pytest.fixture(autouse=True)
@@ -201,6 +201,7 @@ def spawn_train(model, pairs, out, steps=400):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code,says", [(signal.SIGINT, 130, "opct: interrupted"),
                                            (signal.SIGTERM, 143, "opct: stopped by SIGTERM")])
 def test_ctrl_c_or_sigterm_stops_cleanly_and_resume_finishes(tmp_path, tiny_model_dir, pairs, sig, code, says):
@@ -470,7 +471,8 @@ def test_missing_optional_pieces_and_unknown_tasks(tmp_path, capsys, monkeypatch
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, tmp_path / "out", "--sampler", "vllm"))
-    assert code == 2 and "--sampler vllm needs vllm installed" in err and not (tmp_path / "out").exists()
+    assert code == 2 and not (tmp_path / "out").exists()
+    assert "--sampler vllm needs vllm, which is not installed here: pip install 'opct[vllm]'" in err
     monkeypatch.undo()
     # (an unknown task name is the same TaskError, raised once lm-eval has indexed its tasks: ~15 s, not run here)
     code, err, _ = cli(capsys, "eval", "--tasks", " , ", "--model", "x/y")
@@ -521,18 +523,22 @@ def test_an_interrupted_demo_says_so_and_resume_keeps_what_finished(tmp_path, ca
     assert continued["methods"] == uninterrupted["methods"] and "kept_from_before" not in uninterrupted
 
 
-def test_tensorboard_wanted_but_not_installed_stops_before_the_model_loads(capsys, monkeypatch, tmp_path, pairs):
-    """A venv with opct installed --no-deps (the vLLM recipe) may lack tensorboard: TensorBoard logging is on by
-    default, so the run stops at once, exit 2, with what to install or pass; no model is loaded, nothing written."""
+@pytest.mark.parametrize("tracker,install", [("tensorboard", "pip install tensorboard"),
+                                             ("wandb", "pip install 'opct[wandb]'"),
+                                             ("trackio", "pip install 'opct[trackio]'")])
+def test_a_tracker_not_installed_stops_before_the_model_loads(capsys, monkeypatch, tmp_path, pairs, tracker, install):
+    """--report-to TRACKER (tensorboard is the default) whose package is missing (a venv with opct installed
+    --no-deps, or without the tracker's extra): the run stops at once, exit 2, with one line naming what to install
+    and --report-to none; no model is loaded, nothing written."""
     import opct.train.loop as loop
 
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import now raises ImportError
+    monkeypatch.setitem(sys.modules, tracker, None)  # importlib.util.find_spec now says it is not installed
     loaded = []
     monkeypatch.setattr(loop, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("model loaded"))
     out = tmp_path / "run"
-    args = [a for a in train_args("smollm2-135m-instruct", pairs, out) if a != "--no-tensorboard"]
-    code, err, _ = cli(capsys, *args)
-    assert code == 2 and "tensorboard" in err and "--no-tensorboard" in err and "pip install" in err
+    code, err, _ = cli(capsys, *train_args("smollm2-135m-instruct", pairs, out), "--report-to", tracker)
+    assert code == 2 and f"--report-to {tracker}" in err and install in err and "--report-to none" in err
+    assert len(err.strip().splitlines()) == 1
     assert not loaded and not out.exists()
 
 

@@ -123,7 +123,7 @@ def test_metrics_record_each_steps_thread_count(tiny_model_dir, tmp_path, restor
     pairs = [ConsistencyPair([{"role": "user", "content": f"Q{i}? I think (B)."}], [{"role": "user", "content": f"Q{i}?"}])
              for i in range(4)]
     cfg = TrainConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), steps=2, prompts_per_step=2, micro_batch=2,
-                      max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, tensorboard=False, threads=1)
+                      max_new_tokens=4, lora_rank=4, lora_alpha=8.0, save_every=0, report_to="none", threads=1)
     out = train(cfg, pairs=pairs, show_progress=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["threads"] for r in rows] == [1, 1]

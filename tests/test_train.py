@@ -31,7 +31,7 @@ def make_pairs(identical=False):
 
 def cfg_for(model_dir, out, cls=TrainConfig, **kw):
     base = dict(model=str(model_dir), out=str(out), steps=4, prompts_per_step=3, samples_per_prompt=2, micro_batch=6,
-                max_new_tokens=6, lr=1e-2, lora_rank=4, lora_alpha=8.0, save_every=0, tensorboard=False,
+                max_new_tokens=6, lr=1e-2, lora_rank=4, lora_alpha=8.0, save_every=0, report_to="none",
                 device="cpu", backend="cpu")
     base.update(kw)
     return cls(**base)
@@ -258,7 +258,7 @@ def test_saved_adapter_loads_with_peft_and_transformers(tiny_model_dir, tmp_path
     from peft import AutoPeftModelForCausalLM
 
     out = tmp_path / "run"
-    train(cfg_for(tiny_model_dir, out, steps=2, tensorboard=True), pairs=make_pairs(), show_progress=False)
+    train(cfg_for(tiny_model_dir, out, steps=2, report_to="tensorboard"), pairs=make_pairs(), show_progress=False)
     assert (out / "model" / "adapter_config.json").is_file() and (out / "run.json").is_file()
     assert any((out / "tb").iterdir())
     peft_model = AutoPeftModelForCausalLM.from_pretrained(str(out / "model"))

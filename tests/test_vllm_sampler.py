@@ -224,7 +224,7 @@ def test_opct_train_with_the_vllm_sampler_logs_kl_and_a_small_gap(model_dir, tmp
 
     out = tmp_path / "run"
     cfg = TrainConfig(model="smollm2-135m-instruct", out=str(out), steps=3, prompts_per_step=4, micro_batch=4,
-                      max_new_tokens=16, lora_rank=8, lora_alpha=16.0, save_every=0, tensorboard=False,
+                      max_new_tokens=16, lora_rank=8, lora_alpha=16.0, save_every=0, report_to="none",
                       sampler="vllm", backend="hf", device="cpu")
     pairs = load_pairs(Path(__file__).parent.parent / "examples" / "pairs.jsonl")
     train(cfg, pairs=pairs, show_progress=False)
@@ -283,7 +283,7 @@ def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(m
         rows = {}
         for name, extra in (("users", {"vllm_url": url}), ("own", {})):
             cfg = TrainConfig(model="smollm2-135m-instruct", out=str(tmp_path / name), steps=2, prompts_per_step=4,
-                              micro_batch=4, max_new_tokens=16, lora_rank=8, save_every=0, tensorboard=False,
+                              micro_batch=4, max_new_tokens=16, lora_rank=8, save_every=0, report_to="none",
                               sampler="vllm-server", backend="hf", device="cpu", **extra)
             train(cfg, pairs=pairs, show_progress=False)
             rows[name] = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -322,7 +322,7 @@ def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
     pairs = Path(__file__).parent.parent / "examples" / "pairs.jsonl"
     args = ["train", "--model", "smollm2-135m-instruct", "--pairs", str(pairs), "--steps", "2",
             "--prompts-per-step", "4", "--micro-batch", "4", "--max-new-tokens", "12", "--lora-rank", "8",
-            "--save-every", "0", "--no-tensorboard", "--sampler", "vllm", "--backend", "hf", "--device", "cpu",
+            "--save-every", "0", "--report-to", "none", "--sampler", "vllm", "--backend", "hf", "--device", "cpu",
             "--threads", "1", "--vllm-kv-cache-gib", "1"]
     # each process makes its own vLLM socket directory (not one an engine of this test process set or removed)
     env = {**{k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}, "OMP_NUM_THREADS": "1"}
@@ -369,7 +369,7 @@ def test_a_failed_run_or_an_unclosed_sampler_leaves_no_vllm_server_running(model
     p = subprocess.run([sys.executable, "-m", "opct", "train", "--pairs", str(pairs), "--out", str(tmp_path / "run"),
                         "--steps", "2", "--prompts-per-step", "4", "--max-new-tokens", "4", "--lora-rank", "8",
                         "--sampler", "vllm-server", "--backend", "hf", "--device", "cpu", "--threads", "1",
-                        "--no-tensorboard", "--kl-coef", "1e39", "--lr", "1e6"],
+                        "--report-to", "none", "--kl-coef", "1e39", "--lr", "1e6"],
                        capture_output=True, text=True, env=env, timeout=1200)
     assert p.returncode == 2 and "not finite" in p.stderr, p.stderr[-3000:]
     assert servers() <= before

@@ -285,15 +285,17 @@ def user_errors() -> tuple[type[Exception], ...]:
     from opct.data.safety import SafetyDataError
     from opct.evals.capability import TaskError
     from opct.evals.offline_tasks import OfflineTaskError
+    from opct.extras import MissingExtra
     from opct.judges.safety import JudgeError
     from opct.models import ModelError
     from opct.train.checkpoint import CheckpointError
     from opct.train.distributed import DistributedError
     from opct.train.loop import RunError
+    from opct.train.trackers import TrackerError
 
     return (config.ConfigError, AxisError, PairsError, ModelError, RunError, McqError, BackendError, CheckpointError,
             DistributedError, TaskError, OfflineTaskError, HarmfulDataError, SafetyDataError, JudgeError,
-            FileNotFoundError)
+            MissingExtra, TrackerError, FileNotFoundError)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from opct.train import trackers
+
 
 class ConfigError(ValueError):
     pass
@@ -138,10 +140,13 @@ class RunConfig(ExecConfig):
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
     resume: bool = opt(False, "continue from the latest checkpoint in --out")
     max_length: int = opt(0, "max prompt + response tokens (0 = the model's context length); longer pairs are an error")
-    tensorboard: bool = opt(True, "also write TensorBoard event files under out/tb")
+    report_to: str = opt("tensorboard", "where per-step metrics go besides metrics.jsonl: tensorboard (out/tb), "
+                         "wandb, trackio (each needs its extra: pip install 'opct[wandb]'), several separated by "
+                         "commas, or none (opct.train.trackers)")
     sampler: str = opt("policy", "who samples the student's rollouts: policy = the training backend itself; vllm = "
                        "a colocated vLLM engine; vllm-server = a vLLM server (--vllm-url, or one opct starts on "
-                       "127.0.0.1). Needs vllm installed (see .ci/vllm)", choices=["policy", "vllm", "vllm-server"])
+                       "127.0.0.1). Needs vLLM: pip install 'opct[vllm]' (docs/install.md)",
+                       choices=["policy", "vllm", "vllm-server"])
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
                         "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one")
@@ -258,6 +263,8 @@ class DemoConfig(AxisOptions):
     probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)")
     probe_n: int = opt(32, "items in the probe")
     methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated)")
+    report_to: str = opt("tensorboard", "where the SFT and OPCT runs' per-step metrics go besides their metrics.jsonl: "
+                         "tensorboard, wandb, trackio, several separated by commas, or none (as `opct train`)")
     capability: str = opt("demo", "capability retention through lm-eval after each model's eval: a suite (demo, "
                           "small, paper) or comma-separated task names; empty = skip")
     resume: bool = opt(False, "continue a stopped demo in --out: the stages that finished are kept (evaluations, "
@@ -306,6 +313,11 @@ def validate(cfg):
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
     if hasattr(cfg, "model"):
         _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)
+    if hasattr(cfg, "report_to"):
+        try:
+            trackers.parse(cfg.report_to)
+        except ValueError as e:
+            raise ConfigError(f"option {e}") from None
     if isinstance(cfg, (RunConfig, DemoConfig)):
         _check(bool(cfg.out.strip()), "out", "must name an output directory", cfg.out)
     if hasattr(cfg, "betas"):
@@ -344,6 +356,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
                             metavar=None if f.metadata.get("choices") else "V", help=help_)
 
 
+# Options of earlier releases, and what took their place.
+RENAMED = {"tensorboard": "report_to (tensorboard, wandb, trackio, several separated by commas, or none)"}
+
+
 def from_dict(cls, values: dict, where: str = "config", lines: dict | None = None):
     """cls(**values) with each value type-checked; `lines` ({option: line number}) lets messages name the line."""
     known = {f.name: f for f in fields(cls)}
@@ -354,6 +370,8 @@ def from_dict(cls, values: dict, where: str = "config", lines: dict | None = Non
         if not isinstance(k, str):
             raise ConfigError(f"{where}: option names are words, got {k!r}")
         key = k.replace("-", "_")
+        if key in RENAMED and key not in known:
+            raise ConfigError(f"{where}: option {k!r} is now {RENAMED[key]}")
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             raise ConfigError(f"{where}: unknown option {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))

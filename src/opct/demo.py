@@ -160,7 +160,7 @@ def preflight(cfg: DemoConfig):
 
 
 SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
-NOT_SETTINGS = ("out", "resume")  # what may differ between a demo and the command that continues it
+NOT_SETTINGS = ("out", "resume", "report_to")  # what may differ between a demo and the command that continues it
 
 
 def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
@@ -291,7 +291,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
                       micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
                       lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed,
-                      save_every=SAVE_EVERY, **exec_settings(cfg))
+                      save_every=SAVE_EVERY, report_to=cfg.report_to, **exec_settings(cfg))
         for m in methods:
             bar.set_postfix_str(f"training {m}")
             if m == "sft":

@@ -142,13 +142,12 @@ def check(cfg) -> None:
     sampler is made: vllm importable (unless the server is someone else's), and a server given by --vllm-url
     answering, taking this client (an API key from $OPCT_VLLM_API_KEY) and with its run-time LoRA routes when the run
     trains a LoRA adapter."""
-    import importlib.util
-
     from opct.backends import BackendError
+    from opct.extras import require
 
-    if (cfg.sampler == "vllm" or not cfg.vllm_url) and importlib.util.find_spec("vllm") is None:
-        raise BackendError(f"--sampler {cfg.sampler} needs vllm installed in this environment (see .ci/vllm for a "
-                           "recipe)" + ("; or pass --vllm-url of a running server" if cfg.sampler != "vllm" else ""))
+    if cfg.sampler == "vllm" or not cfg.vllm_url:
+        require("vllm", f"--sampler {cfg.sampler}",
+                "or pass --vllm-url of a running server" if cfg.sampler != "vllm" else "")
     if cfg.sampler != "vllm-server" or not cfg.vllm_url:
         return
     why = unreachable(cfg.vllm_url)

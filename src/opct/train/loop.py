@@ -5,7 +5,7 @@
         for step in steps(run, cfg, "opct"):  the progress bar over the remaining steps
             row = step_fn(...)                an algorithm's forward/backward work (opct_step, sft_step)
             row |= optimizer_step(run, cfg)   clip, AdamW, schedule, zero grads, policy.after_step()
-            end_step(run, cfg, step, row)     probe, metrics.jsonl + TensorBoard, checkpoint, CPU thread count
+            end_step(run, cfg, step, row)     probe, metrics.jsonl + trackers, checkpoint, CPU thread count
         save_final(run, cfg, summary)         model/ (PEFT adapter or full model), then run.json
     (leaving the `with` on an error closes the logs and the sampler's vLLM engine or server)
 """
@@ -35,7 +35,7 @@ from opct.config import RunConfig, apply_env_overrides, to_yaml, validate
 from opct.data.io import atomic_write, write_json
 from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
 from opct.models import add_lora, load_model
-from opct.train import checkpoint, distributed
+from opct.train import checkpoint, distributed, trackers
 from opct.train.metrics import MetricsLog, peak_rss_mb
 
 
@@ -50,7 +50,7 @@ def seed_everything(seed: int) -> None:
 
 
 # Settings a resumed run may change; any other difference from the run's config.yaml is refused.
-RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "tensorboard", "nonfinite",
+RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "report_to", "nonfinite",
              "device", "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype",
              "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "prefill_scoring",
              "teacher_prefix_cache",
@@ -210,7 +210,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     maybe resume."""
     t_start = time.perf_counter()
     cfg, env = apply_env_overrides(validate(cfg))
-    check_tensorboard(cfg.tensorboard)
+    trackers.check(cfg.report_to)
     device, dtype, backend = backends.resolve(cfg)
     backends.check_sampler(cfg)
     replicas, device = distributed.init(device, cfg.parallel)
@@ -276,24 +276,13 @@ def _assemble(cfg: RunConfig, env: dict, out: Path, policy: Policy, model, rende
             policy.after_load(start)
     if replicas.is_main:
         atomic_write(out / "config.yaml", to_yaml(cfg))
-    log = MetricsLog(out, resume_step=start, tensorboard=cfg.tensorboard) if replicas.is_main else NullLog()
+    log = (MetricsLog(out, resume_step=start, trackers=trackers.open_trackers(
+        cfg.report_to, out, dataclasses.asdict(cfg), start)) if replicas.is_main else NullLog())
     provenance = {**policy.describe(), "env_overrides": env, **versions(),
                   **({"processes": replicas.world, "parallel": replicas.mode} if replicas.world > 1 else {})}
     threads.adjust()  # the first step's thread count, from the load time that passed since threads.use
     return Run(cfg, out, policy, rendered, params, optimizer, scheduler, gen, start, log, provenance, t_start, lock,
                replicas)
-
-
-def check_tensorboard(wanted: bool) -> None:
-    """TensorBoard logging (on by default) needs the tensorboard package, which a venv that installed opct with
-    --no-deps may lack: say so before any model loads, not after."""
-    if not wanted:
-        return
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-    except ImportError as e:
-        raise RunError(f"--tensorboard (on by default) needs the tensorboard package ({e}): pip install "
-                       "tensorboard==2.21.0, or pass --no-tensorboard (metrics.jsonl is written either way)") from None
 
 
 class NullLog:

@@ -1,4 +1,5 @@
-"""Per-step metrics to metrics.jsonl (one JSON object per step) and TensorBoard, resume-safe."""
+"""Per-step metrics to metrics.jsonl (one JSON object per step) and the run's trackers (train/trackers.py),
+resume-safe."""
 
 from __future__ import annotations
 
@@ -17,16 +18,14 @@ def peak_rss_mb() -> float:
 
 
 class MetricsLog:
-    def __init__(self, out: Path, resume_step: int = 0, tensorboard: bool = True):
+    """metrics.jsonl, and every row sent on to `trackers` (objects with log(row) and close())."""
+
+    def __init__(self, out: Path, resume_step: int = 0, trackers: list = ()):
         self.path = Path(out) / "metrics.jsonl"
         # On resume, drop rows logged after the checkpoint we restart from: they will be recomputed.
         rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step] if resume_step else []
         atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in rows))  # a kill here keeps the old rows
-        self.tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(Path(out) / "tb"), purge_step=resume_step + 1 if resume_step else None)
+        self.trackers = list(trackers)
 
     def log(self, row: dict) -> None:
         try:
@@ -34,12 +33,10 @@ class MetricsLog:
                 f.write(json.dumps(row) + "\n")
         except OSError as e:  # a full disk
             raise write_failure(self.path, e, "a cut-off last row is dropped by --resume") from e
-        if self.tb:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, row["step"])
+        for t in self.trackers:
+            t.log(row)
 
     def close(self) -> None:
-        if self.tb:
-            self.tb.close()
-            self.tb = None
+        trackers, self.trackers = self.trackers, []
+        for t in trackers:
+            t.close()
