@@ -111,8 +111,10 @@ def test_packed_weights_are_bit_identical_kept_while_unchanged_and_only_for_froz
     for rows in (1, 2, 7, 300):
         x = torch.randn(rows, 40)
         got, want = gemm.linear(x, lin.weight, lin.bias, p1), gemm.linear(x, lin.weight, lin.bias)
-        # bit for bit from 2 rows on; a single row takes another kernel unpacked (a matrix-vector product)
-        assert torch.equal(got, want) if rows > 1 else torch.allclose(got, want, atol=1e-6)
+        # bit for bit from 2 rows on with torch 2.13's oneDNN; a single row takes another kernel unpacked (a
+        # matrix-vector product), and torch 2.11's takes other kernels below 300 rows (2 ulp apart, measured)
+        exact = rows > 1 and tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13)
+        assert torch.equal(got, want) if exact else torch.allclose(got, want, atol=1e-6, rtol=0)
     with torch.no_grad():
         lin.weight.mul_(2.0)  # changed in place: repacked
     p2 = gemm.packed_weight(lin)

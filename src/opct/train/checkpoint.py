@@ -260,7 +260,9 @@ def read_shards(shards: Path, state: dict) -> None:
     reader, planner = _plain_dcp(shards)
     try:
         dcp.load(state, storage_reader=reader, planner=planner)
-    except CheckpointException as e:
+    except (CheckpointException, AssertionError) as e:
+        if reader.refused is not None:  # torch 2.11 swallows read_metadata's error, then fails on a None metadata
+            raise reader.refused from None
         cause = _first_failure(e)
         if isinstance(cause, CheckpointError):
             raise cause from None
@@ -287,14 +289,17 @@ def _plain_dcp(shards: Path):
             return super().find_class(module, name)
 
     class _PlainReader(FileSystemReader):
+        refused: CheckpointError | None = None  # why read_metadata refused the file, whatever DCP does with that
+
         def read_metadata(self, *args, **kwargs):
             f = Path(self.path) / ".metadata"
             try:
                 with open(f, "rb") as fh:
                     MetadataUnpickler(fh).load()
             except Exception as e:  # noqa: BLE001 (pickle raises many kinds)
-                raise CheckpointError(f"{f}: refused to load: not DCP metadata ({str(e)[:300]}); "
-                                      "opct never loads files that could execute code") from None
+                self.refused = CheckpointError(f"{f}: refused to load: not DCP metadata ({str(e)[:300]}); "
+                                               "opct never loads files that could execute code")
+                raise self.refused from None
             return super().read_metadata(*args, **kwargs)  # the same bytes, now known to be plain
 
     class _PlainPlanner(DefaultLoadPlanner):
