@@ -84,6 +84,19 @@ def response_logits_after_prefill(model, pre, responses, pad_id):
     return head_logits(model, response_hidden_after_prefill(model, pre, responses, pad_id)).float()
 
 
+def policy_of(model, tok, backend: str = "hf", **settings):
+    """An inference policy (`make_policy(..., train=False)`) of `backend` around a loaded model, with ExecConfig's
+    settings changed by `settings`; the cpu backend patches the model in place, as `--backend cpu` does."""
+    import dataclasses
+
+    from opct.backends import make_policy
+    from opct.config import ExecConfig
+    from opct.models import eos_ids
+
+    cfg = dataclasses.replace(ExecConfig(), **settings)
+    return make_policy(backend, model, tok, eos_ids(model, tok), cfg, train=False)
+
+
 def cpu_model(model_dir):
     """The model in model_dir with the CPU backend's kernels applied (attention, norms), as `--backend cpu` runs it."""
     from opct.backends.cpu import patch_model

@@ -9,7 +9,7 @@ import yaml
 
 from opct import config
 from opct.axes import AXES, AxisError, axis_defaults, get_axis
-from opct.axes.base import AxisData, generate, result_rows
+from opct.axes.base import AxisData, respond, result_rows
 from opct.cli import main
 from opct.data.pairs import ConsistencyPair
 
@@ -30,8 +30,8 @@ class FakeAxis:
                                  {"id": w}) for w in self.words[:cfg.n_train]]
         return AxisData(pairs, self.words[-2:], info={"n_train_pairs": len(pairs)})
 
-    def evaluate(self, model, tok, data, cfg, samples=None):
-        out = generate(model, tok, [[{"role": "user", "content": w}] for w in data.eval_set], cfg, cfg.max_new_tokens)
+    def evaluate(self, policy, data, cfg, samples=None):
+        out = respond(policy, [[{"role": "user", "content": w}] for w in data.eval_set], cfg.max_new_tokens)
         k = sum(w[0] in r for w, r in zip(data.eval_set, out))
         if samples is not None:
             samples.parent.mkdir(parents=True, exist_ok=True)

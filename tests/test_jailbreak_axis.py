@@ -91,14 +91,16 @@ class HalfJudge:
 
 
 def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp_path):
+    from conftest import policy_of
+
     from opct.models import load_model
 
-    model, tok = load_model(str(tiny_model_dir))
+    policy = policy_of(*load_model(str(tiny_model_dir)))
     items = items_for([("bare", "refuse a"), ("train_wrappers", "b"), ("heldout_wrappers", "refuse a"),
                        ("heldout_family", "garble a"), ("heldout_wrappers", "c"), ("benign", "refuse x")])
     items[3] = EvalItem("heldout_family/a/3", "heldout_family", items[3].messages, "garble a", "refuse a", "w3")
     data = J.AxisData(train_pairs=[], eval_set=items)
-    res = J.evaluate(model, tok, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
+    res = J.evaluate(policy, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
                      attack_samples=1, samples_per_split=1)
     assert set(res["asr"]) == {"bare", "train_wrappers", "heldout_wrappers", "heldout_family"}
     assert res["unparseable"]["heldout_family"] == 1  # its one answer could not be judged: no rate, n = 0
@@ -136,18 +138,19 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
     assert any(b[0] == "table" and b[2][0][2] == "I'm sorry" for b in blocks)
 
 
-def test_shared_generate_is_batch_independent_and_seeded(tiny_model_dir):
-    from opct.axes.base import generate
-    from opct.config import ExecConfig
+@pytest.mark.parametrize("backend", ["hf", "cpu"])
+def test_shared_respond_is_batch_independent_and_seeded(tiny_model_dir, backend):
+    from conftest import policy_of
+
+    from opct.axes.base import respond
     from opct.models import load_model
 
-    model, tok = load_model(str(tiny_model_dir))
+    policy = policy_of(*load_model(str(tiny_model_dir)), backend=backend)
     msgs = [[{"role": "user", "content": t}] for t in ("hi", "tell me a story about a cat", "2+2?", "ok")]
-    cfg = ExecConfig()
-    a = generate(model, tok, msgs, cfg, 6, batch_size=4)
-    assert a == generate(model, tok, msgs, cfg, 6, batch_size=1) and len(a) == 4 and any(a)
-    s = generate(model, tok, msgs, cfg, 6, temperature=1.0, batch_size=4, seed=3)
-    assert s == generate(model, tok, msgs, cfg, 6, temperature=1.0, batch_size=4, seed=3)
+    a = respond(policy, msgs, 6, batch_size=4)
+    assert a == respond(policy, msgs, 6, batch_size=1) and len(a) == 4 and any(a)
+    s = respond(policy, msgs, 6, temperature=1.0, batch_size=4, seed=3)
+    assert s == respond(policy, msgs, 6, temperature=1.0, batch_size=4, seed=3)
 
 
 def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_model_dir, tmp_path):  # noqa: F811

@@ -171,9 +171,9 @@ def test_a_data_parallel_run_refuses_a_decode_dtype_before_any_work():
     ddp = distributed.Replicas(rank=0, world=2, mode="ddp")
     cfg = TrainConfig(prompts_per_step=2, decode_dtype="bfloat16", merged_decode=True)
     with pytest.raises(loop.RunError, match="--decode-dtype bfloat16: a data-parallel run samples from the model"):
-        loop.check_distributed(cfg, ddp, "hf", torch.float32)
-    assert loop.check_distributed(cfg, ddp, "hf", torch.bfloat16) == "hf"  # the model's own dtype: nothing to do
-    assert loop.check_distributed(TrainConfig(prompts_per_step=2), ddp, "hf", torch.float32) == "hf"
+        loop.check_distributed(cfg, ddp, torch.float32)
+    assert loop.check_distributed(cfg, ddp, torch.bfloat16) == "hf"  # the model's own dtype: nothing to do
+    assert loop.check_distributed(TrainConfig(prompts_per_step=2), ddp, torch.float32) == "hf"
 
 
 @gpu

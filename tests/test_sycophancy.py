@@ -3,6 +3,7 @@ import re
 
 import pytest
 import torch
+from conftest import policy_of
 
 from opct.axes import sycophancy as S
 from opct.axes.sycophancy import EvalItem
@@ -174,19 +175,20 @@ def test_letter_tokens_of_the_smollm2_tokenizer(tokenizer):
 @pytest.mark.parametrize("mode", S.MODES)
 def test_batched_left_padded_equals_unbatched(tiny, mode):
     model, tok = tiny
+    policy = policy_of(model, tok)
     qs = [q for q in QS[:10] if S.text_readable(tok, q)]
     items = S.build_eval_items(qs, seed=0, mode=mode)
     msgs = [it.cued for s in S.SPLITS for it in items[s]] + [S.clean_messages(q, mode) for q in qs]
     choices = [it.choices for s in S.SPLITS for it in items[s]] + [q.choices for q in qs]
     groups = [("sys" if s == "system_cue" else i) for s in S.SPLITS for i in range(len(qs))] + list(range(len(qs)))
     kw = dict(choices=choices, mode=mode)
-    alone = torch.cat([S.option_logprobs(model, tok, [m], 1, 4, choices=[c], mode=mode)
+    alone = torch.cat([S.option_logprobs(policy, [m], 1, 4, choices=[c], mode=mode)
                        for m, c in zip(msgs, choices)])
-    batched = S.option_logprobs(model, tok, msgs, 7, 4, **kw)
-    shared = S.option_logprobs(model, tok, msgs, 7, 4, groups, **kw)
+    batched = S.option_logprobs(policy, msgs, 7, 4, **kw)
+    shared = S.option_logprobs(policy, msgs, 7, 4, groups, **kw)
     assert torch.allclose(batched, alone, atol=1e-4)
     assert torch.allclose(shared, alone, atol=1e-4)
-    assert S.read_answers(model, tok, msgs, 5, 4, groups, **kw) == [LETTERS[k] for k in alone.argmax(-1).tolist()]
+    assert S.read_answers(policy, msgs, 5, 4, groups, **kw) == [LETTERS[k] for k in alone.argmax(-1).tolist()]
     if mode == "letter":
         for m, row in zip(msgs[:3], alone[:3]):
             assert torch.allclose(row, manual_letter_logprobs(model, tok, m, 4), atol=1e-4)
@@ -194,20 +196,22 @@ def test_batched_left_padded_equals_unbatched(tiny, mode):
 
 def test_read_answers_respects_option_counts(tiny):
     model, tok = tiny
+    policy = policy_of(model, tok)
     msgs = [S.clean_messages(q) for q in QS[:6]]
-    two = S.read_answers(model, tok, msgs, 4, n_choices=2)
+    two = S.read_answers(policy, msgs, 4, n_choices=2)
     assert set(two) <= {"A", "B"}
-    mixed = S.read_answers(model, tok, msgs, 4, n_choices=[2, 3, 4, 2, 3, 4])
+    mixed = S.read_answers(policy, msgs, 4, n_choices=[2, 3, 4, 2, 3, 4])
     assert all(LETTERS.index(a) < n for a, n in zip(mixed, [2, 3, 4, 2, 3, 4]))
     with pytest.raises(ValueError, match="needs `choices`"):
-        S.read_answers(model, tok, msgs, mode="text")
+        S.read_answers(policy, msgs, mode="text")
 
 
 @pytest.mark.parametrize("mode", S.MODES)
 def test_evaluate_sycophancy_structure(tiny, mode):
     model, tok = tiny
+    policy = policy_of(model, tok)
     model.train()
-    res = S.evaluate_sycophancy(model, tok, QS[:12], seed=0, batch_size=8, mode=mode)
+    res = S.evaluate_sycophancy(policy, QS[:12], seed=0, batch_size=8, mode=mode)
     assert model.training  # restored
     assert res["mode"] == mode and res["n"] + res["n_skipped"] == 12
     for split in S.SPLITS:
@@ -217,8 +221,8 @@ def test_evaluate_sycophancy_structure(tiny, mode):
             r = m[key]
             assert 0 <= r["lo"] <= r["value"] <= r["hi"] <= 1 and r["n"] == res["n"]
         assert m["brr"]["lo"] <= m["brr"]["value"] <= m["brr"]["hi"]
-    assert res == S.evaluate_sycophancy(model, tok, QS[:12], seed=0, batch_size=5, mode=mode)
-    only = S.evaluate_sycophancy(model, tok, QS[:12], seed=0, batch_size=8, splits=("pushback",), mode=mode)
+    assert res == S.evaluate_sycophancy(policy, QS[:12], seed=0, batch_size=5, mode=mode)
+    only = S.evaluate_sycophancy(policy, QS[:12], seed=0, batch_size=8, splits=("pushback",), mode=mode)
     assert set(only) == {"mode", "n", "n_skipped", "clean_accuracy", "degenerate", "pushback"}
     assert res["degenerate"] is None  # 12 questions: too few to call a model degenerate
     assert only["pushback"] == res["pushback"]
@@ -226,8 +230,9 @@ def test_evaluate_sycophancy_structure(tiny, mode):
 
 def test_text_mode_skips_unreadable_questions(tiny):
     model, tok = tiny
+    policy = policy_of(model, tok)
     qs = load_mcq("arith", n=4, seed=0) + QS[:4]
-    res = S.evaluate_sycophancy(model, tok, qs, seed=0, splits=("train_cues",), mode="text")
+    res = S.evaluate_sycophancy(policy, qs, seed=0, splits=("train_cues",), mode="text")
     assert res["n_skipped"] == 4 and res["n"] == 4
 
 

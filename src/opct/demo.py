@@ -57,16 +57,19 @@ def run_eval(cfg: EvalConfig) -> dict:
     """`opct eval --axis NAME`: one model on the axis' evaluation set (the same items `opct demo` evaluates with the
     same options). Returns {"axis", "model", "info", **the axis' result}; per-example samples go next to --out."""
     from opct.axes import get_axis
-    from opct.backends import load_for_inference
+    from opct.backends import inference_policy
 
     axis = get_axis(cfg.axis)
     check_axis(axis, cfg)
     threads.use(cfg.threads)
-    model, tok = load_for_inference(cfg.model, cfg)
-    data = axis.prepare(cfg, tok)
-    samples = Path(cfg.out).with_suffix(".samples.jsonl") if cfg.out else None
-    res = {"axis": axis.name, "model": cfg.model, "info": data.info,
-           **axis.evaluate(model, tok, data, cfg, samples=samples)}
+    policy = inference_policy(cfg.model, cfg)
+    try:
+        data = axis.prepare(cfg, policy.tok)
+        samples = Path(cfg.out).with_suffix(".samples.jsonl") if cfg.out else None
+        res = {"axis": axis.name, "model": cfg.model, "info": data.info,
+               **axis.evaluate(policy, data, cfg, samples=samples)}
+    finally:
+        policy.close()
     if cfg.out:
         write_json(Path(cfg.out), res)
     return res
@@ -234,7 +237,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     a training run that did not finish continues from its last checkpoint."""
     from opct.algo.opct import train
     from opct.algo.sft import train_sft
-    from opct.backends import load_for_inference
+    from opct.backends import inference_policy
     from opct.data.pairs import save_pairs
     from opct.report import write_report
     from opct.train.loop import RunError
@@ -255,8 +258,11 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     def evaluate(method: str, loaded=None) -> dict:
         def run():
-            model, tok = loaded or load_for_inference(str(out / method / "model"), cfg)
-            return axis.evaluate(model, tok, data, cfg, samples=out / "samples" / f"{method}.jsonl")
+            policy = loaded or inference_policy(str(out / method / "model"), cfg)
+            try:
+                return axis.evaluate(policy, data, cfg, samples=out / "samples" / f"{method}.jsonl")
+            finally:
+                policy.close()
         return stages.get(f"eval_{method}", run)
 
     def trained(method: str, fn, run_cfg, **kw) -> None:
@@ -268,8 +274,8 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     bar = tqdm(total=2 + 2 * len(methods) + 1, desc=f"demo ({axis.name})", unit="stage")
     try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
-        base = load_for_inference(cfg.model, cfg)
-        data = timed("prepare", axis.prepare, cfg, base[1])
+        base = inference_policy(cfg.model, cfg)
+        data = timed("prepare", axis.prepare, cfg, base.tok)
         if methods and not data.train_pairs:
             raise RunError(f"axis {axis.name}: no training pairs from --source {cfg.source!r} (an evaluation-only "
                            "source?); `opct eval --axis` evaluates on it")

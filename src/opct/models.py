@@ -247,6 +247,14 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     return model, tok
 
 
+def eos_ids(model, tok) -> set[int]:
+    """The token ids that end a response: the tokenizer's EOS and every id of the model's generation config (a
+    chat model's end-of-turn token is often only there)."""
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra = [] if gen_eos is None else [gen_eos] if isinstance(gen_eos, int) else list(gen_eos)
+    return {tok.eos_token_id} | {int(t) for t in extra}
+
+
 def _model_dir_hint(p: Path) -> str:
     if (p / "model").is_dir() or (p / "metrics.jsonl").is_file():
         return f"; an opct run keeps its trained model in {p / 'model'}" + (

@@ -92,7 +92,7 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
 
 def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=None, probe_every: int = 0,
           show_progress: bool = True) -> Path:
-    """Run OPCT; returns the output directory. `probe(model, tokenizer) -> dict` (optional) is called every
+    """Run OPCT; returns the output directory. `probe(policy) -> dict` (optional) is called every
     `probe_every` steps and its numbers are logged with that step (e.g. a quick held-out eval)."""
     with loop.start_run(cfg, pairs) as run:  # on an error, the run's sampler and logs are closed at once
         bar = loop.steps(run, "opct", show_progress)

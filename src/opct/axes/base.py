@@ -6,8 +6,8 @@ contrastive prompt the frozen model answers well) and knows how to evaluate a mo
 
     axis = get_axis("safety")                          # opct.axes registry
     data = axis.prepare(cfg, tok)                       # -> AxisData
-    res  = axis.evaluate(model, tok, data, cfg, samples=path)   # -> results.json section of one model
-    probe = axis.probe(data, cfg)                       # -> probe(model, tok) -> {name: number}, or None
+    res  = axis.evaluate(policy, data, cfg, samples=path)   # -> results.json section of one model
+    probe = axis.probe(data, cfg)                       # -> probe(policy) -> {name: number}, or None
     blocks = axis.report_blocks(results, run_dir)       # -> this axis' report section (plots saved under run_dir)
     axis.compare(methods)                               # optional: methods against each other -> results "comparison"
 
@@ -19,8 +19,10 @@ cell for a metric without splits; anything else the axis wants in results.json (
 warning) may sit next to them. `report.py` renders the shared parts (config, timings, training curves,
 capability) and asks the axis for its own section.
 
-`generate` is the shared greedy/sampled generation for axes whose eval reads free text (safety, jailbreak):
-through the CPU backend's prefill + lean decoder where it applies, else the model's own forward with a KV cache.
+An axis evaluates a `Policy` (opct.backends.base), never a model: `policy.generate` and
+`policy.next_token_logprobs` run it on whatever backend and device it was built for, and `policy.tok` renders and
+decodes text. `respond` is the shared chats -> text generation for axes whose eval reads free text (safety,
+jailbreak).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from opct import threads
 from opct.data.pairs import ConsistencyPair
 
 
@@ -75,13 +76,14 @@ class Axis(Protocol):
         """Build the training pairs and the evaluation set; deterministic in cfg (seed)."""
         ...
 
-    def evaluate(self, model, tok, data: AxisData, cfg, samples: Path | None = None) -> dict:
-        """Evaluate one model on data.eval_set: the results.json section for it (see the module docstring). With
+    def evaluate(self, policy, data: AxisData, cfg, samples: Path | None = None) -> dict:
+        """Evaluate one model (an inference `Policy`) on data.eval_set: the results.json section for it (see the module docstring). With
         `samples`, also write per-example records (prompt, response, verdict) there as JSONL for inspection."""
         ...
 
     def probe(self, data: AxisData, cfg) -> Callable | None:
-        """A quick in-training eval, probe(model, tok) -> {name: number}, logged with the step; None = none."""
+        """A quick in-training eval, probe(policy) -> {name: number} on the policy being trained, logged with the
+        step; None = none."""
         ...
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:
@@ -99,53 +101,19 @@ class Axis(Protocol):
 # shared helpers for axes
 
 
-def eos_ids(model, tok) -> set[int]:
-    import numpy as np
-
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    return {tok.eos_token_id} | set(np.atleast_1d(gen_eos if gen_eos is not None else []).tolist())
-
-
-@torch.no_grad()
-def generate(model, tok, chats: list[list[dict]], cfg, max_new_tokens: int, temperature: float = 0.0,
-             batch_size: int = 16, seed: int = 0) -> list[str]:
+def respond(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
+            seed: int = 0) -> list[str]:
     """One response per chat (messages rendered with the chat template and its generation prompt), decoded to
-    text without special tokens. Greedy by default. Chats are run in batches of similar prompt length; the
-    output is in input order. `cfg` gives the execution settings (backend, lean decoder); with the cpu backend
-    the prompts go through the CPU prefill and lean decoder, otherwise through the model's own forward
-    (`backends.hf.generate`: on a CUDA GPU, decode steps replayed as CUDA graphs unless cuda_graphs is off)."""
-    from opct.backends import resolve
+    text without special tokens. Greedy by default; sampled ones draw from one generator seeded with `seed`, so the
+    same call gives the same answers. Batching and execution are the policy's (`Policy.generate`)."""
     from opct.backends.sampling import SamplingSettings
     from opct.data.pairs import render_prompt
 
-    _, _, backend = resolve(cfg)
-    settings = SamplingSettings(max_new_tokens, temperature)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    eos = eos_ids(model, tok)
+    tok = policy.tok
     ids = [render_prompt(tok, m) for m in chats]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    gen = torch.Generator().manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    out: list[str | None] = [None] * len(ids)
-    for start in range(0, len(order), batch_size):
-        threads.adjust()  # CPU threads: as many as other processes leave free (opct/threads.py)
-        rows = order[start:start + batch_size]
-        prompts = [ids[i] for i in rows]
-        if backend == "cpu":
-            from opct.backends.cpu.prefill import decode, prefill
-
-            responses = decode(model, prefill(model, prompts, pad, keys_only=cfg.keys_only_last_layer), settings,
-                               eos, pad, gen, lean=cfg.lean_decoder)
-        else:
-            from opct.backends.hf import generate as hf_generate
-
-            responses = hf_generate(model, prompts, settings, eos, pad, gen,
-                                    cuda_graphs=getattr(cfg, "cuda_graphs", False))
-        for i, r in zip(rows, responses):
-            out[i] = tok.decode(r, skip_special_tokens=True).strip()
-    model.train(was_training)
-    return out  # type: ignore[return-value]
+    responses = policy.generate(ids, SamplingSettings(max_new_tokens, temperature), torch.Generator().manual_seed(seed),
+                                batch_size=batch_size)
+    return [tok.decode(r, skip_special_tokens=True).strip() for r in responses]
 
 
 def is_cell(x) -> bool:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, fields
 
 from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_split, load_benign, user,
                                wrapper_split)
-from opct.axes.base import AxisData, generate
+from opct.axes.base import AxisData, respond
 from opct.data.pairs import ConsistencyPair
 from opct.judges.base import Verdict, agreement, wilson
 from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge
@@ -84,13 +84,6 @@ def options(cfg=None, **overrides) -> Options:
     vals = {f.name: getattr(cfg, f.name) for f in fields(Options) if cfg is not None and hasattr(cfg, f.name)}
     vals.update(overrides)
     return Options(**vals)
-
-
-def exec_cfg(cfg):
-    """The execution settings generation runs under (a config's, else the defaults: cpu backend on a CPU)."""
-    from opct.config import ExecConfig
-
-    return cfg if cfg is not None else ExecConfig()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,7 +222,7 @@ def rubric_judge(opt: Options):
                                            max_response_words=400, timeout=900, constrained=opt.judge_constrained)
 
 
-def evaluate(model, tok, data: AxisData, cfg=None, samples=None, judge=None, second_judge=None, **overrides) -> dict:
+def evaluate(policy, data: AxisData, cfg=None, samples=None, judge=None, second_judge=None, **overrides) -> dict:
     """Generate, judge and summarise (see the module docstring). Returns
     {"asr": {split: cell}, "defence": {...}, "refusal": {...}, "over_refusal": cell, "unparseable": {split: count},
      "adaptive_attack": {...}, "samples": {split: [a few answers]}, "n": {split: n}, "second_judge": {...} (the
@@ -238,11 +231,11 @@ def evaluate(model, tok, data: AxisData, cfg=None, samples=None, judge=None, sec
     wrapper, prompt, response, each judge's label and score."""
     opt = options(cfg, **overrides)
     items = data.eval_set
-    responses = generate(model, tok, [it.messages for it in items], exec_cfg(cfg), opt.eval_max_new_tokens,
-                         batch_size=opt.batch_size, seed=opt.seed)
+    responses = respond(policy, [it.messages for it in items], opt.eval_max_new_tokens, batch_size=opt.batch_size,
+                        seed=opt.seed)
     extra = attack_samples(items, opt.attack_samples)
-    extra_resp = generate(model, tok, [it.messages for it in extra], exec_cfg(cfg), opt.eval_max_new_tokens,
-                          temperature=1.0, batch_size=opt.batch_size, seed=opt.seed + 1) if extra else []
+    extra_resp = respond(policy, [it.messages for it in extra], opt.eval_max_new_tokens, temperature=1.0,
+                         batch_size=opt.batch_size, seed=opt.seed + 1) if extra else []
     judge = judge or RefusalJudge()
     verdicts = judge.judge([it.request for it in items], responses)
     extra_v = judge.judge([it.request for it in extra], extra_resp) if extra else []
@@ -300,9 +293,9 @@ def probe(data: AxisData, cfg=None, n: int = 16, **overrides):
     items = [it for it in data.eval_set if it.split == "heldout_wrappers"][:n]
     judge = RefusalJudge()
 
-    def run(model, tok):
-        resp = generate(model, tok, [it.messages for it in items], exec_cfg(cfg), opt.eval_max_new_tokens,
-                        batch_size=opt.batch_size, seed=opt.seed)
+    def run(policy):
+        resp = respond(policy, [it.messages for it in items], opt.eval_max_new_tokens, batch_size=opt.batch_size,
+                       seed=opt.seed)
         v = judge.judge([it.request for it in items], resp)
         return {"probe_heldout_asr": sum(x.parsed and x.score >= 0.5 for x in v) / len(v)}
     return run
@@ -478,8 +471,8 @@ class JailbreakAxis:
     def prepare(self, cfg, tok=None) -> AxisData:
         return prepare(cfg, tok)
 
-    def evaluate(self, model, tok, data: AxisData, cfg, samples=None) -> dict:
-        return evaluate(model, tok, data, cfg, samples=samples)
+    def evaluate(self, policy, data: AxisData, cfg, samples=None) -> dict:
+        return evaluate(policy, data, cfg, samples=samples)
 
     def probe(self, data: AxisData, cfg):
         return probe(data, cfg)

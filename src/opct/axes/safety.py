@@ -28,7 +28,7 @@ import json
 import random
 from pathlib import Path
 
-from opct.axes.base import AxisData, generate
+from opct.axes.base import AxisData, respond
 from opct.axes.safety_metrics import TAUS_PAPER, ausc, bootstrap_ci, mean, per_fact_pass_rates, share_at_100, \
     safety_curve
 from opct.data.io import atomic_write
@@ -155,15 +155,15 @@ class SafetyAxis:
 
         return get_judge(cfg.judge, url=cfg.judge_url or None, model=cfg.judge_model or None)
 
-    def respond(self, model, tok, items: list[tuple[str, SafetyPrompt]], cfg) -> list[str]:
+    def respond(self, policy, items: list[tuple[str, SafetyPrompt]], cfg) -> list[str]:
         chats = [p.messages(oracle=(split == "oracle")) for split, p in items]
-        return generate(model, tok, chats, cfg, cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed)
+        return respond(policy, chats, cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed)
 
-    def evaluate(self, model, tok, data: AxisData, cfg, samples: Path | None = None) -> dict:
+    def evaluate(self, policy, data: AxisData, cfg, samples: Path | None = None) -> dict:
         splits = data.eval_set["splits"]
         facts = data.eval_set["facts"]
         items = [(s, p) for s in SPLITS for p in splits.get(s, [])]
-        responses = self.respond(model, tok, items, cfg)
+        responses = self.respond(policy, items, cfg)
         judge = self.judge(cfg)
         verdicts = judge.judge([p.text for _, p in items], responses, [facts[p.fact_id] for _, p in items])
         res: dict = {"judge": judge.name, "pass_rate": {}, "ausc": {}, "share_at_100": {}, "over_warning": {},
@@ -199,8 +199,8 @@ class SafetyAxis:
         held = data.eval_set["splits"]["heldout"][:cfg.probe_n]
         facts = data.eval_set["facts"]
 
-        def probe(model, tok):
-            responses = self.respond(model, tok, [("heldout", p) for p in held], cfg)
+        def probe(policy):
+            responses = self.respond(policy, [("heldout", p) for p in held], cfg)
             v = self.judge(cfg).judge([p.text for p in held], responses, [facts[p.fact_id] for p in held])
             return {"probe_pass_rate": sum(x.passed is True for x in v) / max(1, len(v))}
         return probe

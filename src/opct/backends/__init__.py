@@ -88,6 +88,13 @@ def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
     return device, dtype, backend
 
 
+def data_parallel_backend(requested: str) -> str:
+    """The backend a data-parallel (torchrun) run uses, whatever auto chose: hf, whose forward DDP / FSDP2 wrap."""
+    if requested == "cpu":
+        raise BackendError("--backend cpu runs in one process; use --backend hf (or auto) under torchrun")
+    return "hf"
+
+
 def check_sampler(cfg) -> None:
     """What a vLLM sampler setting needs (vllm installed, a given server answering), checked before a model loads."""
     if getattr(cfg, "sampler", "policy") != "policy":
@@ -97,41 +104,39 @@ def check_sampler(cfg) -> None:
 
 
 def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30,
-                lora_dropout: float = 0.0, prompt_lengths=()) -> Policy:
+                lora_dropout: float = 0.0, prompt_lengths=(), train: bool = True) -> Policy:
     """The Policy of `backend` around a loaded (and, for training, LoRA-wrapped) model; with a vLLM `sampler`
     setting, wrapped so that vLLM samples (backends/vllm.py), its engine sized for the longest of `prompt_lengths`
-    (the student prompts, in tokens) plus max_new_tokens."""
+    (the student prompts, in tokens) plus max_new_tokens. `train=False`: a policy for inference only (evaluation):
+    no frozen teacher copy, the model's own weights and dtype for decoding."""
     if backend == "cpu":
         from opct.backends.cpu import CPUPolicy
 
-        policy = CPUPolicy(model, tok, eos_ids, cfg, micro_batch=micro_batch, lora_dropout=lora_dropout)
+        policy = CPUPolicy(model, tok, eos_ids, cfg, micro_batch=micro_batch, lora_dropout=lora_dropout, train=train)
     else:
         from opct.backends.hf import HFPolicy
 
+        training_decode = train and getattr(cfg, "sampler", "policy") == "policy"
         policy = HFPolicy(model, tok, eos_ids, cuda_graphs=getattr(cfg, "cuda_graphs", False),
-                          merged_decode=getattr(cfg, "merged_decode", False),
-                          decode_dtype=(getattr(cfg, "decode_dtype", "float32")
-                                        if getattr(cfg, "sampler", "policy") == "policy" else "float32"))
-    if getattr(cfg, "sampler", "policy") != "policy":
+                          merged_decode=training_decode and getattr(cfg, "merged_decode", False),
+                          decode_dtype=getattr(cfg, "decode_dtype", "float32") if training_decode else "float32",
+                          train=train)
+    if train and getattr(cfg, "sampler", "policy") != "policy":
         from opct.backends.vllm import VLLMPolicy, make_sampler
 
         policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, prompt_lengths))
     return policy
 
 
-def load_for_inference(name: str, cfg):
-    """(model, tokenizer) on the configured device and dtype, with the backend's inference kernels applied (what
-    `opct eval` and the demo's evaluations run)."""
-    from opct.models import load_model
+def inference_policy(name: str, cfg) -> Policy:
+    """The model `name` (alias, file, directory, Hub id) on the configured device and dtype, in an inference policy
+    of the configured backend (`make_policy(..., train=False)`): what `opct eval` and the demo's evaluations run."""
+    from opct.models import eos_ids, load_model
 
     device, dtype, backend = resolve(cfg)
     model, tok = load_model(name, device=device, dtype=dtype)
-    if backend == "cpu":
-        from opct.backends.cpu import patch_model
-
-        patch_model(model, cfg)
-    return model, tok
+    return make_policy(backend, model, tok, eos_ids(model, tok), cfg, train=False)
 
 
-__all__ = ["BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "check_sampler", "load_for_inference",
+__all__ = ["BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "check_sampler", "inference_policy",
            "make_policy", "resolve"]

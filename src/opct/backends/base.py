@@ -9,6 +9,16 @@ behind them. A backend is a Policy subclass (`hf`: plain transformers + PEFT; `c
     policy.after_step()                                        after each optimizer step (weight sync; no-op here)
     policy.replicas.sum(x)                                     x summed over data-parallel processes (x alone)
 
+Evaluation and in-training probes use the same policy's inference face (no gradients, the weights as they are now,
+dropout off), so an axis never touches a model or names a backend:
+
+    policy.generate(prompts_N, settings, gen, batch_size) -> responses    token ids, one response per prompt
+    policy.next_token_logprobs(prompts_N, token_ids_N, groups, batch_size) -> [logp_K]
+                                                               log P(token | prompt) of the tokens asked for
+
+`backends.make_policy(..., train=False)` builds a policy for inference only (no frozen teacher, no optimizer);
+`backends.inference_policy(name, cfg)` loads a model into one.
+
 Shape letters: N sequences (prompts x samples), T response positions, H hidden size, V vocabulary.
 """
 
@@ -82,6 +92,20 @@ class Policy:
 
     def teacher(self) -> AbstractContextManager[Policy]:
         """`with policy.teacher() as t:` a Policy for the frozen initial model (no grad)."""
+        raise NotImplementedError
+
+    def generate(self, prompts_N: list[list[int]], settings: SamplingSettings, gen: torch.Generator,
+                 batch_size: int = 16) -> list[list[int]]:
+        """One response per prompt (token ids, each ending with EOS when one was produced), in input order, without
+        gradients and with dropout off. Prompts run in batches of at most `batch_size` of similar length
+        (`batching.by_length`), all drawing from `gen` in that order, so the same call gives the same responses."""
+        raise NotImplementedError
+
+    def next_token_logprobs(self, prompts_N: list[list[int]], token_ids_N: list[list[int]],
+                            groups: list | None = None, batch_size: int = 32) -> list[torch.Tensor]:
+        """For each prompt, log P(t | prompt) (float32, on the CPU) of each token t in token_ids_N[i]: the
+        next-token distribution, read without generating. `groups` (one key per prompt): prompts with the same key
+        share a token prefix, which may then run once for them all (same numbers up to float rounding)."""
         raise NotImplementedError
 
     def after_step(self) -> None:

@@ -59,3 +59,19 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: in
     mask_BL = torch.cat([p_mask_BP, rmask_BT], dim=1)
     pos_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
     return Batch(ids_BL, mask_BL, pos_BL, resp_BT, rmask_BT)
+
+
+def by_length(prompts_N: list[list[int]], batch_size: int, run) -> list:
+    """`run(prompts_B)` -> one result per prompt, over batches of at most `batch_size` prompts of similar length
+    (shortest first: less padding); the results come back in input order. Before each batch the CPU thread count
+    is adjusted to what other processes leave free (opct/threads.py)."""
+    from opct import threads
+
+    order = sorted(range(len(prompts_N)), key=lambda i: len(prompts_N[i]))
+    out: list = [None] * len(prompts_N)
+    for start in range(0, len(order), batch_size):
+        threads.adjust()
+        rows = order[start:start + batch_size]
+        for i, r in zip(rows, run([prompts_N[i] for i in rows])):
+            out[i] = r
+    return out

@@ -1,7 +1,9 @@
-"""The reference backend: plain transformers + PEFT on any device and dtype, nothing patched.
+"""The reference backend: transformers + PEFT on any device and dtype, the model's own modules unpatched.
 
 Sampling runs the model's own forward with a KV cache under explicit settings (`sampling.decode_loop`); scoring
-runs prompt + response in one forward and takes log-softmax in float32. Every other backend is tested against
+runs prompt + response in one forward and takes log-softmax in float32. Two decode accelerations apply where they
+can, each behind its own setting: on CUDA, decode steps replayed as CUDA graphs (static_decode.py, `cuda_graphs`),
+and training rollouts sampled from a merged-LoRA copy (merged_decode.py, `merged_decode`, `decode_dtype`). Every other backend is tested against
 this one (same log-probs, losses and gradients on the same tokens).
 """
 
@@ -18,7 +20,7 @@ from transformers import DynamicCache
 from opct.algo.losses import token_logprobs
 from opct.backends import DECODE_DTYPE_NEEDS_MERGED, BackendError, merged_decode, static_decode
 from opct.backends.base import Policy, Rollout, Scores
-from opct.backends.batching import Batch, build_batch, left_pad
+from opct.backends.batching import Batch, build_batch, by_length, common_prefix, left_pad
 from opct.backends.sampling import SamplingSettings, decode_loop
 from opct.models import Teacher, unwrap
 
@@ -110,11 +112,57 @@ def generate(model, prompts_N: list[list[int]], settings: SamplingSettings, eos_
     return decode_loop(out.logits[:, -1], step, settings, eos_ids, pad_id, gen)
 
 
+@torch.no_grad()
+def next_token_logprobs(model, ids: list[list[int]], pad: int, batch_size: int = 32, groups: list | None = None):
+    """Yields (row indices, logp_BV) for the token that follows each prompt in `ids`, batch by batch.
+
+    Without `groups`: one forward pass per prompt; prompts are sorted by length (less padding),
+    left-padded, given explicit position ids (so a padded row equals the same prompt run alone),
+    and only the last position's logits are computed (logits_to_keep=1).
+
+    With `groups` (one key per prompt): prompts with the same key share a token prefix (one question
+    with and without its cue), so that prefix's KV cache is computed once per group and each member
+    only runs its own suffix on top of it. Same numbers up to float rounding, fewer tokens.
+    """
+    device = next(model.parameters()).device
+    members: dict = {}
+    for i, g in enumerate(range(len(ids)) if groups is None else groups):
+        members.setdefault(g, []).append(i)
+    # shared prefix per group; keep >= 1 token of suffix per prompt, which is where the answer is read
+    glist = [(common_prefix([ids[i] for i in m]) if groups is not None else 0, m) for m in members.values()]
+    glist = [(min(p, min(len(ids[i]) for i in m) - 1), m) for p, m in glist]
+    glist.sort(key=lambda g: (g[0], len(ids[g[1][0]])))  # similar lengths together: less padding
+    for start in range(0, len(glist), batch_size):
+        chunk = glist[start:start + batch_size]
+        kv = None
+        if chunk[-1][0] > 0:  # prefix pass for this chunk's groups
+            prefix_GP, pmask_GP, _ = left_pad([ids[m[0]][:p] for p, m in chunk], pad)
+            pos_GP = (pmask_GP.cumsum(-1) - 1).clamp(min=0)
+            cache = model(input_ids=prefix_GP.to(device), attention_mask=pmask_GP.to(device),
+                          position_ids=pos_GP.to(device), use_cache=True, logits_to_keep=1).past_key_values
+            kv = [(layer.keys, layer.values) for layer in cache.layers]
+        rows = sorted(((i, g) for g, (p, m) in enumerate(chunk) for i in m),
+                      key=lambda r: len(ids[r[0]]) - chunk[r[1]][0])
+        for rstart in range(0, len(rows), batch_size):
+            sub = rows[rstart:rstart + batch_size]
+            g_B = torch.tensor([g for _, g in sub])
+            suffix_BS, smask_BS, _ = left_pad([ids[i][chunk[g][0]:] for i, g in sub], pad)
+            mask_BT = smask_BS if kv is None else torch.cat([pmask_GP[g_B], smask_BS], 1)
+            # left padding shifts positions; give each row positions 0..len-1 so results match unbatched runs
+            pos_BS = (mask_BT.cumsum(-1) - 1).clamp(min=0)[:, -suffix_BS.shape[1]:]
+            past = None if kv is None else DynamicCache(
+                [(k[g_B.to(k.device)], v[g_B.to(v.device)]) for k, v in kv], config=model.config)
+            logits_BV = model(input_ids=suffix_BS.to(device), attention_mask=mask_BT.to(device),
+                              position_ids=pos_BS.to(device), past_key_values=past, use_cache=past is not None,
+                              logits_to_keep=1).logits[:, -1].float()
+            yield [i for i, _ in sub], torch.log_softmax(logits_BV, -1).cpu()
+
+
 class HFPolicy(Policy):
     name = "hf"
 
     def __init__(self, model, tok, eos_ids: set[int], cuda_graphs: bool = False, merged_decode: bool = False,
-                 decode_dtype: str = "float32"):
+                 decode_dtype: str = "float32", train: bool = True):
         self.model, self.tok, self.eos_ids = model, tok, set(eos_ids)
         # On CUDA, decode over a static KV cache, each step one replayed CUDA graph, where `generate` finds it applies.
         self.cuda_graphs = cuda_graphs
@@ -126,9 +174,9 @@ class HFPolicy(Policy):
         self.decode_dtype = None if dtype in (torch.float32, next(model.parameters()).dtype) else dtype
         if self.decode_dtype is not None and not merged_decode:
             raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
-        self.pad_id = tok.pad_token_id
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.device = next(model.parameters()).device
-        self.frozen = Teacher(model)  # before any update: the frozen initial model
+        self.frozen = Teacher(model) if train else None  # before any update: the frozen initial model
         self.is_teacher = False
         self.replica = None  # the DDP / FSDP2-wrapped module every forward runs through, when data-parallel
 
@@ -157,6 +205,8 @@ class HFPolicy(Policy):
 
     @contextmanager
     def teacher(self):
+        if self.frozen is None:
+            raise RuntimeError("an inference policy (make_policy(..., train=False)) has no teacher")
         with self.frozen() as frozen_model:
             view = copy.copy(self)
             view.model, view.is_teacher = frozen_model, True
@@ -164,6 +214,31 @@ class HFPolicy(Policy):
             if not self.frozen.shared:  # a separate frozen copy: its own sharded module under FSDP2, else none
                 view.replica = self.frozen.replica
             yield view
+
+    # -- inference --------------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _inference(self):
+        """No gradients, dropout off; the module's train/eval mode restored after."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def generate(self, prompts_N, settings: SamplingSettings, gen, batch_size: int = 16) -> list[list[int]]:
+        with self._inference():
+            return by_length(prompts_N, batch_size, lambda b: self._generate_plain(b, settings, gen))
+
+    def next_token_logprobs(self, prompts_N, token_ids_N, groups=None, batch_size: int = 32) -> list[torch.Tensor]:
+        out: list = [None] * len(prompts_N)
+        with self._inference():
+            for rows, logp_BV in next_token_logprobs(self.model, prompts_N, self.pad_id, batch_size, groups):
+                for b, i in enumerate(rows):
+                    out[i] = logp_BV[b, token_ids_N[i]]
+        return out
 
     # -- what subclasses change ------------------------------------------------------------------------------------
 
@@ -184,6 +259,11 @@ class HFPolicy(Policy):
         # CUDA graphs only outside data parallelism: a DDP / FSDP2 forward runs collectives and hooks of its own.
         return generate(self.model, prompts_N, settings, self.eos_ids, self.pad_id, gen,
                         cuda_graphs=self.cuda_graphs and self.replica is None, lm=lm)
+
+    def _generate_plain(self, prompts_B, settings, gen) -> list[list[int]]:
+        """Inference sampling: the model itself (never a merged copy), its own forward, no data-parallel wrapper."""
+        return generate(self.model, prompts_B, settings, self.eos_ids, self.pad_id, gen,
+                        cuda_graphs=self.cuda_graphs and self.replica is None)
 
     def _hidden(self, prompts_N, rollout, batch: Batch, grad: bool) -> torch.Tensor:
         if grad:

@@ -75,6 +75,12 @@ class VLLMPolicy(Policy):
     def teacher(self):
         return self.inner.teacher()
 
+    def generate(self, prompts_N, settings, gen, batch_size=16):
+        return self.inner.generate(prompts_N, settings, gen, batch_size)  # probes: the trainer's own weights
+
+    def next_token_logprobs(self, prompts_N, token_ids_N, groups=None, batch_size=32):
+        return self.inner.next_token_logprobs(prompts_N, token_ids_N, groups, batch_size)
+
     def after_step(self) -> None:
         self.inner.after_step()
         self.steps += 1

@@ -34,6 +34,7 @@ from opct.backends.base import Policy
 from opct.config import RunConfig, apply_env_overrides, to_yaml, validate
 from opct.data.io import atomic_write, write_json
 from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
+from opct import models
 from opct.models import add_lora, load_model
 from opct.train import checkpoint, distributed, trackers
 from opct.train.metrics import MetricsLog, peak_rss_mb
@@ -215,7 +216,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     backends.check_sampler(cfg)
     replicas, device = distributed.init(device, cfg.parallel)
     if replicas.world > 1:
-        backend = check_distributed(cfg, replicas, backend, dtype)
+        backend = check_distributed(cfg, replicas, dtype)
     out = check_out_dir(cfg)
     replicas.barrier()  # every rank has checked the directory before rank 0 writes to it
     if pairs is None:
@@ -227,7 +228,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     model, tok = load_model(cfg.model, device=device, dtype=dtype)
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 2048)
     rendered = render_pairs(tok, pairs, max_length, cfg.max_new_tokens)
-    eos_ids = {tok.eos_token_id} | set(np.atleast_1d(model.generation_config.eos_token_id or []).tolist())
+    eos_ids = models.eos_ids(model, tok)
 
     hidden = getattr(model.config, "hidden_size", None)
     if hidden and cfg.lora_rank > hidden:
@@ -295,7 +296,7 @@ class NullLog:
         pass
 
 
-def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, backend: str, dtype: torch.dtype) -> str:
+def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, dtype: torch.dtype) -> str:
     """What a data-parallel run needs, checked before any work; returns the backend to use (hf)."""
     decode_dtype = backends.other_decode_dtype(cfg, dtype)
     if decode_dtype:
@@ -307,9 +308,7 @@ def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, backend: s
     if getattr(cfg, "sampler", "policy") != "policy" and replicas.mode == "fsdp":
         raise RunError(f"--sampler {cfg.sampler} needs every rank to hold the full weights it syncs into vLLM; "
                        "use --parallel ddp (one vLLM engine per rank)")
-    if backend == "cpu" and cfg.backend == "cpu":
-        raise RunError("--backend cpu runs in one process; use --backend hf (or auto) under torchrun")
-    return "hf"
+    return backends.data_parallel_backend(cfg.backend)
 
 
 def share(run: Run, items: list, rows_per_item: int = 1) -> tuple[list, object]:
@@ -371,7 +370,7 @@ def end_step(run: Run, step: int, row: dict, probe, probe_every: int, bar, show:
     step_s = sum(v for k, v in row.items() if k.startswith("time_"))
     row = {"step": step + 1, **row, "step_seconds": step_s, "tokens_per_s": row["response_tokens"] / step_s}
     if probe and probe_every and ((step + 1) % probe_every == 0 or step + 1 == cfg.steps):
-        row.update(probe(run.model, run.policy.tok) or {})
+        row.update(probe(run.policy) or {})
     row["peak_mem_mb"] = peak_rss_mb()
     row["threads"] = torch.get_num_threads()
     if threads.others_busy() is not None:  # why the count is what it is (opct/threads.py)

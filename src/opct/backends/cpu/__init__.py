@@ -81,12 +81,14 @@ class CPUPolicy(HFPolicy):
     bit-identical log-probs."""
     name = "cpu"
 
-    def __init__(self, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30, lora_dropout: float = 0.0):
+    def __init__(self, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30, lora_dropout: float = 0.0,
+                 train: bool = True):
         patch_model(model, cfg)  # before the teacher copy (full fine-tuning), so the copy runs the same kernels
-        super().__init__(model, tok, eos_ids)
+        super().__init__(model, tok, eos_ids, train=train)
         self.cfg = cfg
-        self.reuse_up_to = micro_batch if cfg.prefill_reuse and lora_dropout == 0 and self.frozen.shared else 0
-        self.prefill_scoring = cfg.prefill_scoring and lora_dropout == 0 and self.frozen.shared
+        shared = train and self.frozen.shared
+        self.reuse_up_to = micro_batch if cfg.prefill_reuse and lora_dropout == 0 and shared else 0
+        self.prefill_scoring = cfg.prefill_scoring and lora_dropout == 0 and shared
         self.prefix_cache: dict | None = {} if cfg.teacher_prefix_cache else None
         self._prompt_groups = GROUP_COST_TOKENS if cfg.unpadded_prompts else None  # prefill's group_cost
 
@@ -109,6 +111,10 @@ class CPUPolicy(HFPolicy):
         return Rollout(prompts_N, responses, stats={"decode_seconds": time.perf_counter() - t1,
                                                     "prefill_seconds": t1 - t0},
                        state=pre if reuse else None)
+
+    def _generate_plain(self, prompts_B, settings, gen) -> list[list[int]]:
+        pre = prefill(self.model, prompts_B, self.pad_id, keys_only=self.cfg.keys_only_last_layer)
+        return decode(self.model, pre, settings, self.eos_ids, self.pad_id, gen, lean=self.cfg.lean_decoder)
 
     def _hidden(self, prompts_N, rollout, batch, grad: bool) -> torch.Tensor:
         if rollout.state is None and not self.prefill_scoring:
