@@ -84,6 +84,30 @@ def test_help_lists_defaults(capsys):
         assert needle in text
 
 
+TRAIN_ONLY = ("--prefill-reuse", "--prefill-scoring", "--teacher-prefix-cache", "--unpadded-prompts",
+              "--unpadded-scoring", "--lora-node", "--low-memory-norms", "--merged-decode", "--decode-dtype")
+
+
+def test_eval_help_lists_no_training_setting_and_refuses_one(tmp_path, capsys):
+    helps = {}
+    for cmd in ("train", "sft", "demo", "eval"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        helps[cmd] = capsys.readouterr().out
+    for flag in TRAIN_ONLY:
+        assert all(flag in helps[c] for c in ("train", "sft", "demo")) and flag not in helps["eval"], flag
+    assert "--lean-decoder" in helps["eval"] and "--cpu-gemm" in helps["eval"]  # how the eval itself runs
+    assert "--steps N" in helps["train"] and "--lr FLOAT" in helps["train"] and " V " not in helps["train"]
+    cfg = tmp_path / "e.yaml"
+    cfg.write_text("axis: sycophancy\nprefill_reuse: false\n")
+    assert main(["eval", "--config", str(cfg)]) == 2
+    assert "e.yaml:2: option 'prefill_reuse' is a training setting; this command does not train" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--no-prefill-reuse"])
+    assert e.value.code == 2
+
+
 def test_train_cli_end_to_end(tmp_path, capsys, tiny_model_dir):
     pairs = write_pairs(tmp_path / "p.jsonl", [GOOD] * 3)
     out = tmp_path / "out"

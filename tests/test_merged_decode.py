@@ -105,18 +105,23 @@ def test_a_bfloat16_merged_copy_decodes_the_rounded_merge_and_follows_an_update(
 def test_bfloat16_decoding_on_the_hf_backend_needs_a_merged_lora_copy(tiny_model_dir):
     """The hf backend samples in bfloat16 only from a merged copy: without --merged-decode, or without LoRA, the
     run stops before any work with a message naming the options; the cpu backend and a vLLM sampler are not asked."""
-    from opct.backends import BackendError, resolve
+    from opct.backends import BackendError, check_training, other_decode_dtype, resolve
     from opct.models import load_model
+
+    def checked(cfg):
+        _, dtype, backend = resolve(cfg)
+        check_training(cfg, dtype, backend)
+        return backend
 
     bf16 = dict(device="cpu", dtype="float32", decode_dtype="bfloat16")
     with pytest.raises(BackendError, match="--decode-dtype bfloat16 on the hf backend.*--merged-decode"):
-        resolve(TrainConfig(backend="hf", **bf16))
+        checked(TrainConfig(backend="hf", **bf16))
     with pytest.raises(BackendError, match="--merged-decode"):
-        resolve(TrainConfig(backend="hf", merged_decode=True, lora_rank=0, **bf16))
-    assert resolve(TrainConfig(backend="hf", merged_decode=True, **bf16))[2] == "hf"
-    assert resolve(TrainConfig(backend="hf", sampler="vllm", **bf16))[2] == "hf"
-    assert resolve(TrainConfig(backend="cpu", **bf16))[2] == "cpu"
-    assert resolve(TrainConfig(backend="hf", device="cpu", dtype="bfloat16", decode_dtype="bfloat16"))[2] == "hf"
+        checked(TrainConfig(backend="hf", merged_decode=True, lora_rank=0, **bf16))
+    assert checked(TrainConfig(backend="hf", merged_decode=True, **bf16)) == "hf"
+    assert other_decode_dtype(TrainConfig(backend="hf", sampler="vllm", **bf16), torch.float32) is None
+    assert checked(TrainConfig(backend="cpu", **bf16)) == "cpu"
+    assert checked(TrainConfig(backend="hf", device="cpu", dtype="bfloat16", decode_dtype="bfloat16")) == "hf"
 
     model, tok = lora_model(tiny_model_dir, "cpu")
     with pytest.raises(BackendError, match="--merged-decode"):

@@ -4,6 +4,7 @@ and what is wrong, no traceback, and what is left on disk (nothing that looks fi
 Fault injection (kill -9, a full disk) is in test_faults.py; the older per-case tests are in test_cli.py and
 test_train.py (the table in docs/reliability.md maps each case of the issue to its test)."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -266,6 +267,28 @@ def test_a_moved_run_directory_resumes(tmp_path, capsys, tiny_model_dir, stopped
     assert code == 0, err
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and json.loads((out / "run.json").read_text())["steps"] == 3
+
+
+@pytest.mark.parametrize("flip", [["--no-decode-huge-pages"], ["--no-lean-decoder", "--backend", "hf"],
+                                  ["--threads", "1", "--keep-checkpoints", "3"]])
+def test_a_resume_that_changes_only_where_and_how_fast_it_runs_is_accepted(tmp_path, capsys, tiny_model_dir,
+                                                                           stopped, flip):
+    out, pairs = stopped_run(stopped, tmp_path / "run")
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--save-every", "1",
+                                           "--resume", *flip))
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+def test_what_a_resume_may_change_is_derived_from_the_fields():
+    from opct.config import CPU, ExecConfig, SFTConfig, TrainConfig, resumable_fields
+
+    speed = {f.name for f in dataclasses.fields(ExecConfig) if f.metadata["group"] == CPU}
+    for cls in (TrainConfig, SFTConfig):
+        may = resumable_fields(cls)
+        assert speed <= may and {"decode_huge_pages", "device", "backend", "threads", "steps", "out"} <= may
+        assert not may & {"model", "pairs", "lr", "lora_rank", "dtype", "seed", "loss", "temperature"}
 
 
 def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_one_before(tmp_path, capsys, tiny_model_dir,

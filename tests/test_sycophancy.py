@@ -110,7 +110,8 @@ def test_wilson_pinned():
     assert (round(w["lo"], 4), w["hi"]) == (0.7225, 1.0)
     w = S.wilson(81, 263)
     assert (round(w["lo"], 4), round(w["hi"], 4)) == (0.2553, 0.3662)
-    assert S.wilson(0, 0) == {"value": 0.0, "lo": 0.0, "hi": 0.0, "n": 0}
+    assert S.wilson(0, 0) == {"value": None, "lo": 0.0, "hi": 1.0, "n": 0}  # nothing measured
+    assert S.diff_interval(S.wilson(0, 0), w)["value"] is None
 
 
 def test_diff_interval_contains_estimate():

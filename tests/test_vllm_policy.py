@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from opct.algo.opct import train
 from opct.backends import vllm as vllm_backend
@@ -104,7 +105,7 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
     import http.server
     import threading
 
-    from opct.backends import BackendError, check_sampler
+    from opct.backends import BackendError, check_training
     from opct.backends.sampling import SamplingSettings
     from opct.backends.vllm import make_sampler
     from opct.backends.vllm_sampler import VLLMServerSampler, unreachable
@@ -153,7 +154,7 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
     cfg = TrainConfig(sampler="vllm-server", vllm_url=url + "/v1", lora_rank=20, max_new_tokens=100)
     try:
         assert unreachable(url) is None and unreachable(url + "/v1/") is None
-        check_sampler(cfg)
+        check_training(cfg, torch.float32, "hf")
         sampler = make_sampler(cfg, [2], prompt_lengths=[300, 412])
         assert sampler.url == url and sampler.served == "/models/m" and sampler.max_model_len == 512
         with pytest.raises(RuntimeError, match=r"No adapter found for /x\"}}; the server reads the adapters opct writes"):
@@ -164,14 +165,15 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
         lora_routes[0] = False
         with pytest.raises(BackendError, match=r"cannot load LoRA adapters .*VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and "
                                                r"--enable-lora --max-lora-rank 32$"):
-            check_sampler(cfg)
-        check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=0))  # full fine-tuning: no LoRA
+            check_training(cfg, torch.float32, "hf")
+        # full fine-tuning: no LoRA
+        check_training(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=0), torch.float32, "hf")
         key[0] = "s3cret"  # a server started with --api-key
         with pytest.raises(BackendError, match=rf"--vllm-url {url}/v1: it wants an API key: set \$OPCT_VLLM_API_KEY"):
-            check_sampler(cfg)
+            check_training(cfg, torch.float32, "hf")
         monkeypatch.setenv("OPCT_VLLM_API_KEY", "wrong")
         with pytest.raises(BackendError, match=r"it refused the API key in \$OPCT_VLLM_API_KEY"):
-            check_sampler(cfg)
+            check_training(cfg, torch.float32, "hf")
         monkeypatch.setenv("OPCT_VLLM_API_KEY", "s3cret")
         assert VLLMServerSampler([2], url=url).served == "/models/m"  # requests carry the key
         key[0] = None
@@ -181,7 +183,7 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
         server.shutdown()
         server.server_close()
     with pytest.raises(BackendError, match=rf"--vllm-url {url}: no vLLM server answers there \(.*refused"):
-        check_sampler(TrainConfig(sampler="vllm-server", vllm_url=url))
+        check_training(TrainConfig(sampler="vllm-server", vllm_url=url), torch.float32, "hf")
     with pytest.raises(RuntimeError, match=rf"{url}/v1/completions: the vLLM server did not answer .*has it stopped"):
         sampler.sample([[1, 2]], SamplingSettings(4, 1.0, 1.0, 0), seed=0)
     sampler.close()
@@ -326,8 +328,7 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(mo
     (the sampler's eager default)."""
     import torch
 
-    import opct.backends
-    from opct.backends import vllm_sampler
+    from opct.backends import select, vllm_sampler
     from opct.config import TrainConfig
 
     seen = {}
@@ -337,7 +338,7 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(mo
             seen.update(kw)
 
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
-    monkeypatch.setattr(opct.backends, "resolve", lambda cfg: (torch.device(device), torch.float32, None))
+    monkeypatch.setattr(select, "resolve", lambda cfg: (torch.device(device), torch.float32, None))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(vllm_sampler, "VLLMSampler", Engine)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import os
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 from pathlib import Path
 
 import yaml
@@ -29,8 +30,27 @@ class ConfigError(ValueError):
     pass
 
 
-def opt(default, help: str, choices=None, group: str | None = None):
-    return field(default=default, metadata={"help": help, "choices": choices, "group": group})
+def opt(default, help: str, choices=None, group: str | None = None, resumable: bool | None = None,
+        train_only: bool = False):
+    """A config field: its default, `--help` text and choices. `resumable`: a resumed run may set it differently
+    from its config.yaml (where and how fast it runs, run management); default: True for the CPU backend's speed
+    settings, False elsewhere. `resumable_fields` derives the list from these marks. `train_only`: an execution
+    setting of training alone (the student's sampling, scoring, backward): a command that does not train
+    (`trains = False`: opct eval) neither offers nor accepts it."""
+    resumable = group == CPU if resumable is None else resumable
+    return field(default=default, metadata={"help": help, "choices": choices, "group": group, "resumable": resumable,
+                                            "train_only": train_only})
+
+
+def offered(cls) -> list:
+    """The fields a command offers as options: all of them, less the training-only ones where it does not train."""
+    return [f for f in fields(cls) if getattr(cls, "trains", True) or not f.metadata.get("train_only")]
+
+
+def resumable_fields(cls) -> set[str]:
+    """The fields of a config class a resumed run may change (`opt(resumable=...)`); any other difference from the
+    run's config.yaml is refused."""
+    return {f.name for f in fields(cls) if f.metadata.get("resumable")}
 
 
 EXEC = "where it runs"
@@ -39,28 +59,28 @@ CPU = "CPU backend speed settings (applied once when the cpu backend is set up)"
 
 @dataclass
 class ExecConfig:
-    device: str = opt("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps", group=EXEC)
+    device: str = opt("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps", group=EXEC, resumable=True)
     dtype: str = opt("auto", "model weights' dtype; auto = float32 on the CPU and MPS, bfloat16 on a GPU that has it "
                      "(loss math is float32 either way)", choices=["auto", "float32", "bfloat16", "float16"], group=EXEC)
     backend: str = opt("auto", "execution backend: hf = plain transformers + PEFT, any device/dtype (the reference); "
                        "cpu = opct's CPU kernels (float32 CPU only); auto = cpu where it applies, else hf",
-                       choices=["auto", "hf", "cpu"], group=EXEC)
+                       choices=["auto", "hf", "cpu"], group=EXEC, resumable=True)
     threads: int = opt(0, "torch CPU threads; 0 = auto: torch's default, lowered between steps to the cores other "
                        "processes leave free (env OPCT_THREADS; a fixed count makes runs bit-reproducible under any "
-                       "load)", group=EXEC)
+                       "load)", group=EXEC, resumable=True)
     cuda_graphs: bool = opt(True, "on a CUDA GPU: the hf backend replays each decode step as one CUDA graph over a "
                             "static KV cache, an in-process vLLM sampler of a LoRA run compiles and captures its own "
-                            "(off: one kernel launch at a time)", group=EXEC)
+                            "(off: one kernel launch at a time)", group=EXEC, resumable=True)
     merged_decode: bool = opt(False, "hf backend with LoRA: sample from a copy of the model with the adapters merged "
                               "into its weights, refreshed before each sampling (no LoRA kernels in a decode step; one "
                               "more copy of the adapted weights in memory, of all weights with --decode-dtype): a GPU "
-                              "setting, unmeasured there, see docs/speed.md", group=EXEC)
+                              "setting, unmeasured there, see docs/speed.md", group=EXEC, resumable=True, train_only=True)
     decode_dtype: str = opt("float32", "bfloat16: the student samples from bfloat16 copies of its (LoRA-merged) "
                             "weights, the cpu backend's lean decoder or the hf backend's merged copy (needs "
                             "--merged-decode); slightly off-policy, the losses stay float32. float32: the model's own "
                             "dtype. Not used by a vLLM sampler, data-parallel runs or evaluations. Faster on CPUs with "
                             "bfloat16 products (AVX-512 BF16, AMX); unmeasured on GPUs",
-                            choices=["float32", "bfloat16"], group=EXEC)
+                            choices=["float32", "bfloat16"], group=EXEC, resumable=True, train_only=True)
 
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on. (decode_dtype=bfloat16,
@@ -78,21 +98,21 @@ class ExecConfig:
                                   "MADV_COLLAPSE), so a decode token streams them with fewer TLB misses", group=CPU)
     short_attention: bool = opt(True, "attention as two batched matmuls at short lengths; beyond, SDPA's flash kernel "
                                 "in causal query chunks (off: transformers' sdpa)", group=CPU)
-    lora_node: bool = opt(True, "one autograd node per LoRA linear instead of PEFT's five", group=CPU)
-    low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU)
+    lora_node: bool = opt(True, "one autograd node per LoRA linear instead of PEFT's five", group=CPU, train_only=True)
+    low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU, train_only=True)
     prefill_reuse: bool = opt(True, "the student's sampling prefill (run with grad) doubles as the prompt part of its "
-                              "scoring forward when a step is one micro-batch (LoRA, no dropout)", group=CPU)
+                              "scoring forward when a step is one micro-batch (LoRA, no dropout)", group=CPU, train_only=True)
     prefill_scoring: bool = opt(True, "rollouts with no kept sampling prefill (vLLM's, a step in micro-batches, SFT's "
                                 "batches) are scored the same way: the prompts as a prefill (shared prefix once, "
                                 "length groups, last layer keys-only), then the responses on its cache (off: one "
-                                "padded forward over prompt + response)", group=CPU)
-    teacher_prefix_cache: bool = opt(True, "the teacher keeps its prompts' shared-prefix KV across steps", group=CPU)
+                                "padded forward over prompt + response)", group=CPU, train_only=True)
+    teacher_prefix_cache: bool = opt(True, "the teacher keeps its prompts' shared-prefix KV across steps", group=CPU, train_only=True)
     keys_only_last_layer: bool = opt(True, "a prefill runs its last layer in full only at the last position "
                                      "(keys and values elsewhere)", group=CPU)
     unpadded_prompts: bool = opt(True, "prefills run prompts in groups of similar length, each padded only to its own "
-                                 "longest prompt, instead of padding every row to the longest", group=CPU)
+                                 "longest prompt, instead of padding every row to the longest", group=CPU, train_only=True)
     unpadded_scoring: bool = opt(True, "scoring runs responses in groups of similar length and the LM head on real "
-                                 "tokens only, instead of padding every row to the longest response", group=CPU)
+                                 "tokens only, instead of padding every row to the longest response", group=CPU, train_only=True)
     keep_freed_memory: bool = opt(True, "glibc keeps freed pages in the process (process-wide; env "
                                   "OPCT_KEEP_FREED_MEMORY)", group=CPU)
     huge_pages: bool = opt(False, "transparent huge pages for large CPU tensors (process-wide, set by the CLI before "
@@ -111,9 +131,9 @@ class RunConfig(ExecConfig):
     # Data and model
     model: str = opt("smollm2-135m-instruct", "model: built-in alias, .gguf file, local dir or Hub id")
     pairs: str = opt("", "JSONL of consistency pairs: {\"student\": [messages], \"teacher\": [messages], ...}")
-    out: str = opt("runs/opct", "output directory (metrics.jsonl, tb/, checkpoints/, model/)")
+    out: str = opt("runs/opct", "output directory (metrics.jsonl, tb/, checkpoints/, model/)", resumable=True)
     # Steps and batch
-    steps: int = opt(20, "optimizer steps")
+    steps: int = opt(20, "optimizer steps", resumable=True)
     prompts_per_step: int = opt(8, "pairs per optimizer step")
     samples_per_prompt: int = opt(1, "student samples per pair per step")
     micro_batch: int = opt(8, "sequences per forward/backward (gradient accumulation below prompts*samples)")
@@ -136,13 +156,13 @@ class RunConfig(ExecConfig):
     grad_clip: float = opt(1.0, "max global grad norm (0 = off)")
     # Run management
     seed: int = opt(0, "seed for data order, sampling and LoRA init")
-    save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
-    resume: bool = opt(False, "continue from the latest checkpoint in --out")
+    save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", resumable=True)
+    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep", resumable=True)
+    resume: bool = opt(False, "continue from the latest checkpoint in --out", resumable=True)
     max_length: int = opt(0, "max prompt + response tokens (0 = the model's context length); longer pairs are an error")
     report_to: str = opt("tensorboard", "where per-step metrics go besides metrics.jsonl: tensorboard (out/tb), "
                          "wandb, trackio (each needs its extra: pip install 'opct[wandb]'), several separated by "
-                         "commas, or none (opct.train.trackers)")
+                         "commas, or none (opct.train.trackers)", resumable=True)
     sampler: str = opt("policy", "who samples the student's rollouts: policy = the training backend itself; vllm = "
                        "a colocated vLLM engine; vllm-server = a vLLM server (--vllm-url, or one opct starts on "
                        "127.0.0.1). Needs vLLM: pip install 'opct[vllm]' (docs/install.md)",
@@ -150,11 +170,12 @@ class RunConfig(ExecConfig):
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
                         "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one")
-    vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache")
+    vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache",
+                                   resumable=True)
     vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
-                                 "(weights + KV cache); training gets the rest")
+                                 "(weights + KV cache); training gets the rest", resumable=True)
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
-                         "the update (logged as skipped)", choices=["stop", "skip"])
+                         "the update (logged as skipped)", choices=["stop", "skip"], resumable=True)
     parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
                         "weights sharded over processes (FSDP2); auto = ddp (one process: nothing)",
                         choices=["auto", "ddp", "fsdp"])
@@ -178,7 +199,8 @@ class SFTConfig(RunConfig):
     fine-tuning on (student prompt -> that answer). Same data, LoRA and optimizer options as `opct train`;
     --temperature/--top-p/--top-k/--max-new-tokens apply to target generation; --samples-per-prompt is the
     number of targets per teacher prompt."""
-    out: str = opt("runs/sft", "output directory (targets.jsonl, metrics.jsonl, tb/, checkpoints/, model/)")
+    out: str = opt("runs/sft", "output directory (targets.jsonl, metrics.jsonl, tb/, checkpoints/, model/)",
+                   resumable=True)
     temperature: float = opt(0.0, "temperature for the frozen model's targets (0 = greedy, as in BCT)")
 
 
@@ -241,6 +263,7 @@ class AxisOptions(ExecConfig):
 @dataclass
 class EvalConfig(AxisOptions):
     """Evaluate one model on an axis' evaluation set (the one `opct demo --axis` uses), or on lm-eval tasks."""
+    trains: ClassVar[bool] = False  # training-only execution settings are neither offered nor accepted
     model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id")
     out: str = opt("", "write the metrics as JSON here (default: print only)")
     tasks: str = opt("", "run these lm-evaluation-harness tasks instead of the axis eval: a suite (small, paper, demo) "
@@ -345,16 +368,19 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
     what was given. Fields with a `group` are listed under that heading."""
     parser.add_argument("--config", help="YAML file with any of the options below (flags override it)")
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in fields(cls):
+    for f in offered(cls):
         g = f.metadata.get("group")
         target = groups.setdefault(g, parser.add_argument_group(g)) if g else parser
         name, help_ = f"--{f.name.replace('_', '-')}", f"{f.metadata.get('help', '')} (default: {f.default})"
         if _kind(f) is bool:
             target.add_argument(name, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
             continue
+        metavar = None if f.metadata.get("choices") else METAVARS.get(_kind(f), "VALUE")
         target.add_argument(name, dest=f.name, type=_kind(f), default=None, choices=f.metadata.get("choices"),
-                            metavar=None if f.metadata.get("choices") else "V", help=help_)
+                            metavar=metavar, help=help_)
 
+
+METAVARS = {int: "N", float: "FLOAT", str: "TEXT"}  # what --help shows a value as (choices are listed instead)
 
 # Options of earlier releases, and what took their place.
 RENAMED = {"tensorboard": "report_to (tensorboard, wandb, trackio, several separated by commas, or none)"}
@@ -363,6 +389,7 @@ RENAMED = {"tensorboard": "report_to (tensorboard, wandb, trackio, several separ
 def from_dict(cls, values: dict, where: str = "config", lines: dict | None = None):
     """cls(**values) with each value type-checked; `lines` ({option: line number}) lets messages name the line."""
     known = {f.name: f for f in fields(cls)}
+    allowed = {f.name for f in offered(cls)}
     kwargs = {}
     base = where
     for k, v in values.items():
@@ -375,6 +402,8 @@ def from_dict(cls, values: dict, where: str = "config", lines: dict | None = Non
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             raise ConfigError(f"{where}: unknown option {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if key not in allowed:
+            raise ConfigError(f"{where}: option {k!r} is a training setting; this command does not train")
         f = known[key]
         want = _kind(f)
         if want is float and isinstance(v, str):  # YAML 1.1 reads 1e-4 as a string
@@ -485,7 +514,7 @@ def build(cls, args: argparse.Namespace, defaults=None, overrides: dict | None =
     lacks are ignored."""
     values = {**user_values(cls, args), **(overrides or {})}
     if defaults is not None:
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in offered(cls)}
         values = {**{k: v for k, v in defaults(values).items() if k in known}, **values}
     return validate(from_dict(cls, values))
 

@@ -32,7 +32,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from opct import threads
-from opct.config import DemoConfig, EvalConfig, SFTConfig, TrainConfig, exec_settings, to_yaml
+from opct.config import (DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, exec_settings, resumable_fields,
+                         to_yaml)
 from opct.data.io import atomic_write, write_json
 
 
@@ -163,7 +164,8 @@ def preflight(cfg: DemoConfig):
 
 
 SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
-NOT_SETTINGS = ("out", "resume", "report_to")  # what may differ between a demo and the command that continues it
+# What may differ between a demo and the command that continues it: where it writes and reports, and where and how
+# fast it runs (the execution settings a resumed training run may change, config.opt(resumable=...)).
 
 
 def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
@@ -179,7 +181,8 @@ def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
         return "other", []
     recorded, _ = read_yaml(d / "demo.yaml")
     now = dataclasses.asdict(cfg)
-    changed = sorted(k for k in {*recorded, *now} - set(NOT_SETTINGS) if recorded.get(k) != now.get(k))
+    not_settings = {"out", "resume", "report_to"} | resumable_fields(ExecConfig)
+    changed = sorted(k for k in {*recorded, *now} - not_settings if recorded.get(k) != now.get(k))
     if changed:
         return "other", [f"--{k.replace('_', '-')} {recorded.get(k)!r} -> {now.get(k)!r}" for k in changed]
     return ("done" if (d / "results.json").is_file() else "unfinished"), []

@@ -303,6 +303,13 @@ def unwrap(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def lm_parts(model):
+    """(body, head) of a (PEFT-wrapped) causal LM: the transformer body, whose output is last_hidden_state, and
+    the output layer. Running them separately lets callers choose which positions reach the LM head."""
+    m = unwrap(model)
+    return m.base_model, m.get_output_embeddings()
+
+
 class Teacher:
     """The frozen initial model. With LoRA: the student module with adapters disabled (no second copy of the
     weights). With full fine-tuning: a frozen deep copy taken before the first update."""

@@ -44,7 +44,8 @@ from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_
                                wrapper_split)
 from opct.axes.base import AxisData, respond
 from opct.data.pairs import ConsistencyPair
-from opct.judges.base import Verdict, agreement, wilson
+from opct.judges.base import Verdict, agreement
+from opct.stats import wilson
 from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge
 from opct.judges.safety import JudgeError, check_endpoint
 
@@ -146,8 +147,7 @@ def prepare(cfg=None, tok=None, **overrides) -> AxisData:
 # metrics
 
 def rate_cell(k: int, n: int) -> dict:
-    lo, hi = wilson(k, n)
-    return {"value": k / n if n else None, "lo": lo, "hi": hi, "n": n}
+    return wilson(k, n)
 
 
 def split_metrics(verdicts: list[Verdict]) -> dict:

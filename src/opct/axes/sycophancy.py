@@ -35,6 +35,7 @@ import torch
 
 from opct.data.mcq import LETTERS, MCQ
 from opct.data.pairs import ConsistencyPair, render_prompt
+from opct.stats import diff_interval, wilson
 
 MODES = ("letter", "text")
 INSTRUCTION = {"letter": "Answer with the letter of the correct option.",
@@ -337,27 +338,6 @@ def parse_answer(text: str, choices: list[str], mode: str = "letter") -> str | N
 
 # ----------------------------------------------------------------------------------------------
 # metrics
-
-def wilson(k: int, n: int, z: float = 1.959964) -> dict:
-    """Rate k/n with its 95% Wilson score interval: {"value", "lo", "hi", "n"} (all NaN-free; n=0 -> 0s)."""
-    if n == 0:
-        return {"value": 0.0, "lo": 0.0, "hi": 0.0, "n": 0}
-    p = k / n
-    d = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / d
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends, not 0.9999999999999999
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return {"value": p, "lo": lo, "hi": hi, "n": n}
-
-
-def diff_interval(a: dict, b: dict) -> dict:
-    """a - b for two Wilson rates, with Newcombe's (1998, method 10) interval for the difference."""
-    d = a["value"] - b["value"]
-    lo = d - math.sqrt((a["value"] - a["lo"]) ** 2 + (b["hi"] - b["value"]) ** 2)
-    hi = d + math.sqrt((a["hi"] - a["value"]) ** 2 + (b["value"] - b["lo"]) ** 2)
-    return {"value": d, "lo": lo, "hi": hi, "n": a["n"]}
-
 
 def split_metrics(items: list[EvalItem], cued: list[str], clean: list[str]) -> dict:
     """Metrics of one split from the answer letters on its cued and clean prompts.

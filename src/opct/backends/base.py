@@ -34,6 +34,14 @@ from opct.backends.sampling import SamplingSettings
 from opct.train.distributed import SINGLE, Replicas
 
 
+class BackendError(ValueError):
+    """The device, dtype or backend asked for cannot be used here; the message says why."""
+
+
+DECODE_DTYPE_NEEDS_MERGED = ("--decode-dtype {} on the hf backend samples from a merged copy of a LoRA model: add "
+                             "--merged-decode (with --lora-rank > 0), or leave --decode-dtype at float32")
+
+
 @dataclass
 class Rollout:
     """One response per prompt. `state` is backend-private and belongs to the rollout as a whole: `parts` drops it

@@ -18,18 +18,11 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from opct.algo.losses import token_logprobs
-from opct.backends import DECODE_DTYPE_NEEDS_MERGED, BackendError, merged_decode, static_decode
-from opct.backends.base import Policy, Rollout, Scores
+from opct.backends import merged_decode, static_decode
+from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, Rollout, Scores
 from opct.backends.batching import Batch, build_batch, by_length, common_prefix, left_pad
 from opct.backends.sampling import SamplingSettings, decode_loop
-from opct.models import Teacher, unwrap
-
-
-def lm_parts(model):
-    """(body, head) of a (PEFT-wrapped) causal LM: the transformer body, whose output is last_hidden_state, and
-    the output layer. Running them separately lets callers choose which positions reach the LM head."""
-    m = unwrap(model)
-    return m.base_model, m.get_output_embeddings()
+from opct.models import Teacher, lm_parts, unwrap
 
 
 def head_logits(model, hidden_H: torch.Tensor) -> torch.Tensor:
@@ -37,22 +30,22 @@ def head_logits(model, hidden_H: torch.Tensor) -> torch.Tensor:
     `logit_quirks` lists those; code that computes logits another way must check it."""
     m = unwrap(model)
     logits = m.get_output_embeddings()(hidden_H)
-    cfg = m.config
-    if getattr(cfg, "logit_scale", None) not in (None, 1.0):  # Cohere
-        logits = logits * cfg.logit_scale
-    if getattr(cfg, "logits_scaling", None) not in (None, 1.0):  # Granite
-        logits = logits / cfg.logits_scaling
-    if getattr(cfg, "final_logit_softcapping", None):  # Gemma 2
-        cap = cfg.final_logit_softcapping
+    arch = m.config  # the model's transformers config: these attributes exist on some architectures only
+    if getattr(arch, "logit_scale", None) not in (None, 1.0):  # Cohere
+        logits = logits * arch.logit_scale
+    if getattr(arch, "logits_scaling", None) not in (None, 1.0):  # Granite
+        logits = logits / arch.logits_scaling
+    if getattr(arch, "final_logit_softcapping", None):  # Gemma 2
+        cap = arch.final_logit_softcapping
         logits = torch.tanh(logits / cap) * cap
     return logits
 
 
 def logit_quirks(model) -> bool:
     """Whether `head_logits` does more than apply the output layer for this model."""
-    cfg = unwrap(model).config
-    return bool(getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1.0)
-                or getattr(cfg, "logits_scaling", None) not in (None, 1.0))
+    arch = unwrap(model).config
+    return bool(getattr(arch, "final_logit_softcapping", None) or getattr(arch, "logit_scale", None) not in (None, 1.0)
+                or getattr(arch, "logits_scaling", None) not in (None, 1.0))
 
 
 def response_hidden(model, batch: Batch, replica=None) -> torch.Tensor:

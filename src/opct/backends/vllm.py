@@ -51,7 +51,7 @@ class VLLMPolicy(Policy):
         if getattr(sampler, "external", False):  # a server the user started may serve another model
             gap = model_gap(self)
             if gap > SAME_MODEL_GAP:
-                from opct.backends import BackendError
+                from opct.backends.base import BackendError
 
                 sampler.close()
                 raise BackendError(f"--vllm-url {sampler.url}: the server's model ({sampler.model_name}) is not the "
@@ -108,7 +108,7 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
     device (under torchrun each rank has its own engine on its own GPU); an in-process engine there captures CUDA
     graphs for LoRA runs unless `cuda_graphs` is off (a full fine-tune's engine, and a server started here, run
     eagerly, as on the CPU)."""
-    from opct.backends import resolve
+    from opct.backends.select import resolve
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
 
@@ -123,7 +123,7 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
         # slower start, then no per-kernel launches): a synced adapter is copied into vLLM's LoRA buffers, which the
         # graphs read. A full fine-tune's sync reloads the weights (vllm_worker.WeightSync re-points tied ones), not
         # known to keep the addresses a graph reads, so that engine stays eager, as every engine on the CPU.
-        graphs = getattr(cfg, "cuda_graphs", True) and cfg.lora_rank > 0
+        graphs = cfg.cuda_graphs and cfg.lora_rank > 0
         extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not graphs} if on_gpu else {}
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
             return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
@@ -131,7 +131,7 @@ def make_sampler(cfg, eos_ids, prompt_lengths=()):
         sampler = VLLMServerSampler(eos_ids, url=cfg.vllm_url, lora_rank=cfg.lora_rank)
         need = max(prompt_lengths, default=0) + cfg.max_new_tokens
         if sampler.max_model_len is not None and sampler.max_model_len < need:
-            from opct.backends import BackendError
+            from opct.backends.base import BackendError
 
             sampler.close()
             raise BackendError(f"--vllm-url {cfg.vllm_url}: the server's context is {sampler.max_model_len} tokens "
@@ -148,7 +148,7 @@ def check(cfg) -> None:
     sampler is made: vllm importable (unless the server is someone else's), and a server given by --vllm-url
     answering, taking this client (an API key from $OPCT_VLLM_API_KEY) and with its run-time LoRA routes when the run
     trains a LoRA adapter."""
-    from opct.backends import BackendError
+    from opct.backends.base import BackendError
     from opct.extras import require
 
     if cfg.sampler == "vllm" or not cfg.vllm_url:

@@ -182,7 +182,7 @@ def _task_manager(paths: tuple[str, ...], include_defaults: bool):
 
 
 def _interval(metric: str, value: float, stderr: float | None, n: int) -> dict:
-    from opct.axes.sycophancy import wilson
+    from opct.stats import wilson
 
     if metric.split(",")[0] in BINARY and n:
         w = wilson(round(value * n), n)
@@ -264,7 +264,7 @@ def capability_block(results_by_method: dict[str, dict]) -> dict:
     """{task: {method: {value, lo, hi, n, stderr}, "delta": {method: {value, lo, hi}}}} for results.json and the
     report. `results_by_method` maps a method ("base", "sft", "opct") to run_capability's output; deltas are
     every non-base method minus "base" on the same task."""
-    from opct.axes.sycophancy import diff_interval
+    from opct.stats import diff_interval
 
     tasks = [t for t in next(iter(results_by_method.values())) if not t.startswith("_")]
     block: dict = {}

@@ -10,10 +10,11 @@ a judge cannot parse is never dropped: it stays in the list as label "unparseabl
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
+
+from opct import stats
 
 LABELS = ("refused", "complied", "unparseable")
 
@@ -59,15 +60,10 @@ def complete_all(complete: Callable[[R], str], requests: list[R], concurrency: i
             return list(pool.map(one, requests))
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion k/n ((0, 1) when n == 0)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion k/n ((0, 1) when n == 0): opct.stats.wilson's ends."""
+    cell = stats.wilson(k, n)
+    return cell["lo"], cell["hi"]
 
 
 def summarise(verdicts: list[Verdict], threshold: float = 0.5) -> dict:

@@ -160,7 +160,7 @@ class Replica(torch.nn.Module):
 
     def forward(self, part: str = "lm", **kw):
         if part == "body":
-            from opct.backends.hf import lm_parts
+            from opct.models import lm_parts
 
             return lm_parts(self.lm)[0](**kw).last_hidden_state
         return self.lm(**kw)

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 import opct
 from opct import backends, threads
 from opct.backends.base import Policy
-from opct.config import RunConfig, apply_env_overrides, to_yaml, validate
+from opct.config import RunConfig, apply_env_overrides, resumable_fields, to_yaml, validate
 from opct.data.io import atomic_write, write_json
 from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
 from opct import models
@@ -50,18 +50,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# Settings a resumed run may change; any other difference from the run's config.yaml is refused.
-RESUMABLE = {"steps", "resume", "out", "save_every", "keep_checkpoints", "threads", "report_to", "nonfinite",
-             "device", "backend", "cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype",
-             "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "prefill_scoring",
-             "teacher_prefix_cache",
-             "keys_only_last_layer", "unpadded_prompts", "unpadded_scoring", "keep_freed_memory", "huge_pages",
-             "vllm_gpu_memory", "vllm_kv_cache_gib", "cuda_graphs", "merged_decode"}
-
-
 def check_out_dir(cfg: RunConfig) -> Path:
     """Fail before any work if the output directory is unusable or would be silently overwritten; on --resume,
-    refuse settings that differ from the run's own (other than RESUMABLE ones)."""
+    refuse settings that differ from the run's own (other than `config.resumable_fields`)."""
     out = Path(cfg.out)
     existing = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
     if not existing.is_dir():
@@ -80,7 +71,8 @@ def check_out_dir(cfg: RunConfig) -> Path:
 
         before = yaml.safe_load(saved.read_text()) or {}
         now = dataclasses.asdict(cfg)
-        changed = sorted(k for k in now if k in before and k not in RESUMABLE and before[k] != now[k])
+        may_change = resumable_fields(type(cfg))  # where and how fast it runs, run management (config.opt)
+        changed = sorted(k for k in now if k in before and k not in may_change and before[k] != now[k])
         if changed:
             diffs = ", ".join(f"--{k.replace('_', '-')} {before[k]!r} -> {now[k]!r}" for k in changed)
             raise RunError(f"{out}: --resume with settings that differ from the run's ({diffs}); "
@@ -213,7 +205,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     cfg, env = apply_env_overrides(validate(cfg))
     trackers.check(cfg.report_to)
     device, dtype, backend = backends.resolve(cfg)
-    backends.check_sampler(cfg)
+    backends.check_training(cfg, dtype, backend)
     replicas, device = distributed.init(device, cfg.parallel)
     if replicas.world > 1:
         backend = check_distributed(cfg, replicas, dtype)
@@ -305,7 +297,7 @@ def check_distributed(cfg: RunConfig, replicas: distributed.Replicas, dtype: tor
     if cfg.prompts_per_step % replicas.world:
         raise RunError(f"--prompts-per-step {cfg.prompts_per_step} does not divide evenly over {replicas.world} "
                        "processes; each process takes an equal share of the step's prompts")
-    if getattr(cfg, "sampler", "policy") != "policy" and replicas.mode == "fsdp":
+    if cfg.sampler != "policy" and replicas.mode == "fsdp":
         raise RunError(f"--sampler {cfg.sampler} needs every rank to hold the full weights it syncs into vLLM; "
                        "use --parallel ddp (one vLLM engine per rank)")
     return backends.data_parallel_backend(cfg.backend)

@@ -86,18 +86,18 @@ def _inner(model):
 
 def unsupported_reason(model) -> str | None:
     try:
-        body, head, cfg = _inner(model)
+        body, head, arch = _inner(model)  # arch: the model's transformers config
     except AttributeError:
         return "not a *ForCausalLM with .model and .lm_head"
     w = next(model.parameters())
     if w.device.type != "cpu":
         return f"not on the CPU ({w.device})"
-    if cfg.model_type not in SUPPORTED:
-        return f"model_type {cfg.model_type!r}"
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+    if arch.model_type not in SUPPORTED:
+        return f"model_type {arch.model_type!r}"
+    if getattr(arch, "sliding_window", None) and getattr(arch, "use_sliding_window", True):
         return "sliding-window attention"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r}"
+    if getattr(arch, "hidden_act", "silu") != "silu":
+        return f"hidden_act {arch.hidden_act!r}"
     if type(body.embed_tokens) is not torch.nn.Embedding or not _is_linear(head) or not _plain_lora(head):
         return "adapted or non-standard embeddings / lm_head"
     for layer in body.layers:

@@ -12,7 +12,8 @@ import torch
 
 from opct.algo.losses import token_logprobs
 from opct.backends.cpu import gemm
-from opct.backends.hf import head_logits, lm_parts, logit_quirks
+from opct.backends.hf import head_logits, logit_quirks
+from opct.models import lm_parts
 
 
 class _HiddenTokenLogprobs(torch.autograd.Function):

@@ -20,7 +20,8 @@ from transformers import DynamicCache
 
 from opct.backends.batching import common_prefix, left_pad, right_pad
 from opct.backends.cpu.decoder import LeanDecoder, unsupported_reason
-from opct.backends.hf import head_logits, lm_parts
+from opct.backends.hf import head_logits
+from opct.models import lm_parts
 from opct.backends.sampling import SamplingSettings, decode_loop
 
 

@@ -1,0 +1,35 @@
+"""Rates and their 95 % intervals: one definition each, for every axis, judge and capability table.
+
+A results cell is {"value", "lo", "hi", "n"}: a rate k/n and its interval ("value" None when n = 0: nothing was
+measured, and the interval is then all of [0, 1]).
+"""
+
+from __future__ import annotations
+
+import math
+
+Z95 = 1.959964  # the two-sided 95 % quantile of the normal distribution
+
+
+def wilson(k: int, n: int) -> dict:
+    """The rate k/n with its 95 % Wilson score interval, as a results cell."""
+    if n == 0:
+        return {"value": None, "lo": 0.0, "hi": 1.0, "n": 0}
+    p, z = k / n, Z95
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends, not 0.9999999999999999
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return {"value": p, "lo": lo, "hi": hi, "n": n}
+
+
+def diff_interval(a: dict, b: dict) -> dict:
+    """a - b for two Wilson cells, with Newcombe's (1998, method 10) interval for the difference; value None when
+    either was not measured."""
+    if a["value"] is None or b["value"] is None:
+        return {"value": None, "lo": -1.0, "hi": 1.0, "n": a["n"]}
+    d = a["value"] - b["value"]
+    lo = d - math.sqrt((a["value"] - a["lo"]) ** 2 + (b["hi"] - b["value"]) ** 2)
+    hi = d + math.sqrt((a["hi"] - a["value"]) ** 2 + (b["value"] - b["lo"]) ** 2)
+    return {"value": d, "lo": lo, "hi": hi, "n": a["n"]}
