@@ -23,6 +23,8 @@ class FakeAxis:
     summary = "test axis"
     defaults = {"n_train": 5, "max_new_tokens": 3}
     sft = {"samples_per_prompt": 2}
+    opct: dict = {}
+    headline = (("hit", "words", "higher"),)
     words = ["apple", "river", "stone", "cloud", "green", "table", "light"]
 
     def prepare(self, cfg, tok):
@@ -40,7 +42,13 @@ class FakeAxis:
         return {"hit": {"words": {"value": k / len(out), "lo": 0.0, "hi": 1.0, "n": len(out)}},
                 "responses": out}
 
+    def check(self, cfg):
+        pass
+
     def probe(self, data, cfg):
+        return None
+
+    def compare(self, methods):
         return None
 
     def report_blocks(self, results, run_dir):
@@ -67,6 +75,13 @@ def test_registry_names_axes_and_rejects_unknown_ones_with_the_list(capsys):
         get_axis("nope")
     assert main(["demo", "--axis", "nope", "--out", "/nonexistent/x"]) == 2
     assert "known axes: sycophancy, safety" in capsys.readouterr().err
+
+
+def test_an_axis_lacking_a_member_of_the_interface_is_refused_naming_it(monkeypatch):
+    monkeypatch.delattr(FakeAxis, "compare")
+    monkeypatch.setitem(AXES, "partial", f"{__name__}:FakeAxis")
+    with pytest.raises(AxisError, match="axis 'partial' .* lacks compare"):
+        get_axis("partial")
 
 
 def test_axis_defaults_apply_only_where_the_user_set_nothing(fake_axis, tmp_path):

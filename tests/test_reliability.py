@@ -518,6 +518,55 @@ def test_warnings_go_to_stderr_and_a_resume_without_checkpoint_says_so(tmp_path,
         not in stdout
 
 
+@pytest.mark.parametrize("damage,expect", [
+    ("steps: [1\n", "config.yaml:2: invalid YAML"),
+    ("- a list\n", "config.yaml: expected a mapping of option: value"),
+])
+def test_a_damaged_config_yaml_on_resume_is_one_line_naming_it(tmp_path, capsys, tiny_model_dir, stopped, damage,
+                                                              expect):
+    out, pairs = stopped_run(stopped, tmp_path / "run")
+    (out / "config.yaml").write_text(damage)
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, pairs, out, "--steps", "3", "--resume"))
+    assert code == 2 and expect in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("damage,expect", [
+    ('[[1, 2], [3]]\n{"not": "a pair"}\n', "targets.jsonl:2: not a [student token ids, target token ids] pair"),
+    ("[[1, 2], [3", "targets.jsonl:1: damaged"),
+])
+def test_damaged_sft_targets_on_resume_are_one_line_naming_them(tmp_path, capsys, tiny_model_dir, pairs, damage,
+                                                               expect):
+    out = tmp_path / "sft"
+    args = ["sft", "--model", tiny_model_dir, "--pairs", pairs, "--out", out, *SMALL, "--steps", "1"]
+    out.mkdir()
+    (out / "targets.jsonl").write_text(damage)
+    code, err, _ = cli(capsys, *args, "--resume")
+    assert code == 2 and expect in err and "delete it and --resume makes the targets again" in err, err
+    assert not looks_finished(out)
+
+
+def test_a_damaged_demo_stage_on_resume_is_one_line_naming_it(tmp_path, capsys, tiny_model_dir, monkeypatch):
+    import opct.algo.opct
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(opct.algo.opct, "train", interrupted)
+    out = tmp_path / "demo"
+    flags = ["--n-train", "6", "--n-eval", "4", "--cued-n", "2", "--steps", "1", "--methods", "opct", "--probe-every",
+             "0", "--capability", "", "--threads", "1"]
+    assert cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags)[0] == 130
+    monkeypatch.undo()
+    stage = out / "stages" / "eval_base.json"
+    stage.write_text('{"sycophancy_rate": ')
+    code, err, _ = cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags, "--resume")
+    assert code == 2 and f"{stage}: damaged" in err and "delete it and --resume runs that stage again" in err
+    stage.write_text("[1, 2]")
+    code, err, _ = cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags, "--resume")
+    assert code == 2 and f"{stage}: not a stage's result" in err
+    stage.unlink()
+    assert cli(capsys, "demo", "--model", tiny_model_dir, "--out", out, *flags, "--resume")[0] == 0
+
+
 def test_an_interrupted_demo_says_so_and_resume_keeps_what_finished(tmp_path, capsys, tiny_model_dir, monkeypatch):
     """Ctrl-C while OPCT trains: exit 130 and how to go on; the same command refuses the directory without
     --resume; with it, the base evaluation is kept (not run again) and the results equal an uninterrupted demo's."""

@@ -31,15 +31,16 @@ class ConfigError(ValueError):
 
 
 def opt(default, help: str, choices=None, group: str | None = None, resumable: bool | None = None,
-        train_only: bool = False):
+        train_only: bool = False, axes: tuple[str, ...] | None = None):
     """A config field: its default, `--help` text and choices. `resumable`: a resumed run may set it differently
     from its config.yaml (where and how fast it runs, run management); default: True for the CPU backend's speed
     settings, False elsewhere. `resumable_fields` derives the list from these marks. `train_only`: an execution
     setting of training alone (the student's sampling, scoring, backward): a command that does not train
-    (`trains = False`: opct eval) neither offers nor accepts it."""
+    (`trains = False`: opct eval) neither offers nor accepts it. `axes`: the axes an axis option applies to (None:
+    every axis); a report lists only its axis' settings."""
     resumable = group == CPU if resumable is None else resumable
     return field(default=default, metadata={"help": help, "choices": choices, "group": group, "resumable": resumable,
-                                            "train_only": train_only})
+                                            "train_only": train_only, "axes": axes})
 
 
 def offered(cls) -> list:
@@ -226,34 +227,34 @@ class AxisOptions(ExecConfig):
                       group=AXIS)
     mode: str = opt("text", "sycophancy: how answers are asked for and read: letter (first reply token is the "
                     "option letter) or text (reply \"The answer is <option>\"; first token of each option's text)",
-                    choices=["letter", "text"], group=AXIS)
+                    choices=["letter", "text"], group=AXIS, axes=("sycophancy",))
     n_train: int = opt(100, "training items: sycophancy questions (one cued/clean pair each) or safety prompts from "
                        "the training facts; eval excludes them", group=AXIS)
     n_eval: int = opt(300, "sycophancy: evaluation questions (clean accuracy uses all of them); safety: prompts per "
                       "held-out fact (training-fact and contrast splits: a third as many)", group=AXIS)
-    cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses", group=AXIS)
+    cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses", group=AXIS, axes=("sycophancy",))
     heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
-                         group=AXIS)
+                         group=AXIS, axes=("safety",))
     judge: str = opt("keyword", "safety: who grades responses: keyword (each fact's keywords), llm (the SAGE rubric "
                      "through an OpenAI-compatible endpoint: --judge-url, --judge-model, key from "
                      "$OPCT_JUDGE_API_KEY) or local (--judge-model: a local chat model); jailbreak: the refusal "
                      "judge always, llm adds the StrongREJECT rubric through --judge-url",
-                     choices=["keyword", "llm", "local"], group=AXIS)
-    judge_url: str = opt("", "safety, --judge llm: the endpoint's base URL, e.g. http://127.0.0.1:8000/v1", group=AXIS)
+                     choices=["keyword", "llm", "local"], group=AXIS, axes=("safety", "jailbreak"))
+    judge_url: str = opt("", "safety, --judge llm: the endpoint's base URL, e.g. http://127.0.0.1:8000/v1", group=AXIS, axes=("safety", "jailbreak"))
     judge_model: str = opt("", "safety, --judge llm/local: the judge model's name (llm) or alias/dir/Hub id (local)",
-                           group=AXIS)
+                           group=AXIS, axes=("safety", "jailbreak"))
     eval_source: str = opt("harmbench+strongreject", "jailbreak: evaluation behaviours (--source: training "
-                           "behaviours, default advbench); see opct.data.harmful.load_behaviours", group=AXIS)
-    pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour", group=AXIS)
-    n_benign: int = opt(24, "jailbreak: benign look-alike prompts for over-refusal (never trained on)", group=AXIS)
+                           "behaviours, default advbench); see opct.data.harmful.load_behaviours", group=AXIS, axes=("jailbreak",))
+    pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour", group=AXIS, axes=("jailbreak",))
+    n_benign: int = opt(24, "jailbreak: benign look-alike prompts for over-refusal (never trained on)", group=AXIS, axes=("jailbreak",))
     benign_share: float = opt(0.25, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
-                              "as target) in the SFT baseline's pairs; 0 = none", group=AXIS)
+                              "as target) in the SFT baseline's pairs; 0 = none", group=AXIS, axes=("jailbreak",))
     attack_samples: int = opt(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
-                              "held-out attempts", group=AXIS)
+                              "held-out attempts", group=AXIS, axes=("jailbreak",))
     eval_max_new_tokens: int = opt(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
-                                   group=AXIS)
+                                   group=AXIS, axes=("jailbreak",))
     judge_constrained: bool = opt(False, "jailbreak, --judge llm: ask the server (vLLM) to decode the StrongREJECT "
-                                  "rubric's answer layout (for small judges that ignore it)", group=AXIS)
+                                  "rubric's answer layout (for small judges that ignore it)", group=AXIS, axes=("jailbreak",))
     max_new_tokens: int = opt(16, "response tokens: OPCT samples, SFT targets, and generated eval responses "
                               "(safety)", group=AXIS)
     seed: int = opt(0, "seed for the data split, perturbations and sampling", group=AXIS)

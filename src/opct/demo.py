@@ -49,9 +49,8 @@ def config_for_axis(cls=DemoConfig, **options):
 
 
 def check_axis(axis, cfg) -> None:
-    """The axis' own pre-flight (its optional `check`: e.g. a judge endpoint that answers), before any model loads."""
-    if hasattr(axis, "check"):
-        axis.check(cfg)
+    """The axis' own pre-flight (its `check`: e.g. a judge endpoint that answers), before any model loads."""
+    axis.check(cfg)
 
 
 def run_eval(cfg: EvalConfig) -> dict:
@@ -109,8 +108,17 @@ class Stages:
 
         path = self.dir / f"{name}.json"
         if path.is_file():
+            try:
+                kept = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                kept = e
+            if not isinstance(kept, dict):
+                from opct.train.loop import RunError
+
+                why = f"damaged ({kept})" if isinstance(kept, Exception) else "not a stage's result (a JSON object)"
+                raise RunError(f"{path}: {why}; delete it and --resume runs that stage again")
             self.kept.append(name)
-            return json.loads(path.read_text(encoding="utf-8"))
+            return kept
         result = compute()
         write_json(path, result)
         return result
@@ -308,14 +316,15 @@ def run_demo(cfg: DemoConfig) -> Path:
                 trained(m, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe, probe_every=cfg.probe_every)
             else:
                 opct_cfg = dataclasses.replace(TrainConfig(out=str(out / "opct"), **common),
-                                               **getattr(axis, "opct", {}))
+                                               **axis.opct)
                 trained(m, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
             bar.update()
             bar.set_postfix_str(f"evaluating {m}")
             results["methods"][m] = timed(f"eval_{m}", evaluate, m)
             bar.update()
-        if hasattr(axis, "compare"):
-            results["comparison"] = axis.compare(results["methods"])
+        comparison = axis.compare(results["methods"])
+        if comparison is not None:
+            results["comparison"] = comparison
         if cfg.capability:
             bar.set_postfix_str("capability")
             results["capability"] = timed("capability", capability, cfg, out, methods, stages)

@@ -384,12 +384,20 @@ def sycophancy_blocks(results: dict, run_dir: Path) -> list:
     return blocks
 
 
+def read_results(path: Path) -> dict:
+    """A demo's results.json. Demos before the axes existed were sycophancy runs and wrote no "axis": such a file
+    reads as {"axis": "sycophancy", ...}, here and nowhere else."""
+    results = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(results, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return {"axis": "sycophancy", **results} if "axis" not in results else results
+
+
 def axis_blocks(results: dict, run_dir: Path) -> list:
-    """The section of the axis that wrote results.json ("axis"; results without one are sycophancy runs); an axis
-    this opct does not know gets the generic tables."""
+    """The section of the axis that wrote results.json; an axis this opct does not know gets the generic tables."""
     from opct.axes import AXES, get_axis
 
-    name = results.get("axis") or "sycophancy"
+    name = results["axis"]
     if name not in AXES:
         return [("p", f"Axis {name!r} is not known to this opct; its metrics as generic tables.")] + \
             results_blocks(results)
@@ -410,23 +418,16 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
     intro.append(f"Methods: {', '.join(label(m) for m in names) or 'none'}")
     blocks.append(("list", intro))
 
-    blocks.append(("h2", "What was run"))
-    config = results.get("config")
-    if isinstance(config, dict) and config:
-        blocks.append(("table", ["Setting", "Value"], [list(kv) for kv in flatten(config)]))
-    else:
-        blocks.append(("p", "results.json records no config."))
-    info = results.get("info")
-    if isinstance(info, dict) and info:
-        blocks.append(("p", "Data:"))
-        blocks.append(("table", ["Item", "Value"], [list(kv) for kv in flatten(info)]))
-    timings = {k: v for k, v in (results.get("timings") or {}).items() if is_number(v)}
-    if timings:
-        blocks.append(("p", "Time per stage:"))
-        blocks.append(("table", ["Stage", "Seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
-
-    blocks.append(("h2", "Results"))
-    blocks += axis_blocks(results, run_dir)
+    head = headline_rows(results)
+    if head:
+        blocks.append(("h2", "Headline"))
+        blocks.append(("table", ["Metric", "Split"] + [label(m) for m in names],
+                       [[label(r["metric"]) + f" ({r['better']} is better)", r["split"] or DASH]
+                        + [fmt_cell(r["methods"].get(m)) for m in names] for r in head]))
+    answers = [f"{label(m)}: samples/{m}.jsonl" for m in names if (run_dir / "samples" / f"{m}.jsonl").is_file()]
+    if answers:
+        blocks.append(("p", "Each model's answer to every evaluation prompt, with its verdict: " + "; ".join(answers)
+                       + "."))
 
     cap = results.get("capability")
     if isinstance(cap, dict) and cap:
@@ -436,6 +437,9 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         names_c = capability_methods(cap)
         blocks.append(("table", ["Task", "Metric"] + [label(m) for m in names_c] + ["Chance"],
                        capability_rows(cap, names_c)))
+
+    blocks.append(("h2", "Results"))
+    blocks += axis_blocks(results, run_dir)
 
     if plots:
         blocks.append(("h2", "Plots"))
@@ -459,7 +463,43 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         blocks.append(("table", ["Key", "Steps logged", "First", "Last", "Min", "Max", "Mean"], table))
     if not found:
         blocks.append(("p", "No training logs found (opct/metrics.jsonl, sft/metrics.jsonl)."))
+
+    blocks.append(("h2", "What was run"))
+    config = results.get("config")
+    if isinstance(config, dict) and config:
+        blocks.append(("table", ["Setting", "Value"], settings_rows(config, results["axis"])))
+        blocks.append(("p", "Settings of other axes are left out, and execution settings at their defaults."))
+    else:
+        blocks.append(("p", "results.json records no config."))
+    info = results.get("info")
+    if isinstance(info, dict) and info:
+        blocks.append(("p", "Data:"))
+        blocks.append(("table", ["Item", "Value"], [list(kv) for kv in flatten(info)]))
+    timings = {k: v for k, v in (results.get("timings") or {}).items() if is_number(v)}
+    if timings:
+        blocks.append(("p", "Time per stage:"))
+        blocks.append(("table", ["Stage", "Seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
     return blocks
+
+
+def settings_rows(config: dict, axis: str) -> list[list[str]]:
+    """The demo config as (setting, value) rows, less what does not apply to `axis`: other axes' options
+    (config.opt(axes=...)) and execution settings at their defaults."""
+    from dataclasses import fields
+
+    from opct.config import CPU, EXEC, DemoConfig
+
+    meta = {f.name: f for f in fields(DemoConfig)}
+    rows = []
+    for key, value in flatten(config):
+        f = meta.get(key)
+        if f is not None:
+            if axis not in (f.metadata.get("axes") or (axis,)):
+                continue
+            if f.metadata.get("group") in (CPU, EXEC) and flatten({key: f.default}) == [(key, value)]:
+                continue
+        rows.append([key, value])
+    return rows
 
 
 def capability_methods(cap: dict) -> list[str]:
@@ -552,9 +592,7 @@ def write_report(run_dir: str | Path) -> dict:
     results_path = run_dir / "results.json"
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path}: no such file (the report is built from the eval results)")
-    results = json.loads(results_path.read_text(encoding="utf-8"))
-    if not isinstance(results, dict):
-        raise ValueError(f"{results_path}: expected a JSON object")
+    results = read_results(results_path)
     logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in ("opct", "sft")}
 
     plot_dir = run_dir / "plots"
@@ -589,10 +627,10 @@ def headline_rows(results: dict) -> list[dict]:
     {method: cell or None}}]; [] for an axis this opct does not know or one without a headline."""
     from opct.axes import AXES, get_axis
 
-    name = results.get("axis") or "sycophancy"
+    name = results["axis"]
     methods, names = method_table(results)
     rows = []
-    for metric, split, better in (getattr(get_axis(name), "headline", ()) if name in AXES else ()):
+    for metric, split, better in (get_axis(name).headline if name in AXES else ()):
         rows.append({"metric": metric, "split": split, "better": better,
                      "methods": {m: cell(methods, m, metric, split) for m in names}})
     return rows
@@ -646,7 +684,7 @@ def write_summary(out: str | Path, axes: list[str], wall_seconds: float | None =
     for name in axes:
         path = out / name / "results.json"
         try:
-            results = json.loads(path.read_text(encoding="utf-8"))
+            results = read_results(path)
         except (OSError, ValueError) as e:
             raise ValueError(f"{path}: cannot read this axis' results ({e})") from None
         runs[name] = {"model": results.get("model"), "dir": name, "wall_seconds": results.get("wall_seconds"),

@@ -22,11 +22,35 @@ from opct.data.pairs import ConsistencyPair
 from opct.train import loop
 
 
+def read_targets(path: Path) -> list[tuple[list[int], list[int]]]:
+    """targets.jsonl as make_targets wrote it, each line [student_ids, target_ids]; anything else is a RunError
+    naming the file and line (delete the file and --resume makes the targets again)."""
+    def bad(msg):
+        return loop.RunError(f"{msg}; delete it and --resume makes the targets again")
+
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise bad(f"{path}: unreadable ({e})") from None
+    for i, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise bad(f"{path}:{i}: damaged ({e.msg})") from None
+        if not (isinstance(row, list) and len(row) == 2 and all(
+                isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+                for ids in row)):
+            raise bad(f"{path}:{i}: not a [student token ids, target token ids] pair")
+        out.append((row[0], row[1]))
+    return out
+
+
 def make_targets(run: loop.Run, cfg: SFTConfig) -> list[tuple[list[int], list[int]]]:
     """(student_ids, target_ids) examples; targets come from the frozen model on the teacher prompts."""
     path = run.out / "targets.jsonl"
     if cfg.resume and path.is_file():
-        return [tuple(json.loads(line)) for line in path.read_text().splitlines()]
+        return read_targets(path)
     distinct = list(dict.fromkeys(tuple(t) for _, t in run.rendered))
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
     answers: dict[tuple, list[list[int]]] = {t: [] for t in distinct}

@@ -16,15 +16,21 @@ AXES = {
 
 
 class AxisError(ValueError):
-    """An unknown axis name."""
+    """An unknown axis name, or an axis class that lacks a member of the interface."""
 
 
 def get_axis(name: str):
-    """The axis registered as `name` (an instance of its class)."""
+    """The axis registered as `name` (an instance of its class), with every member of `opct.axes.base.Axis`."""
+    from opct.axes.base import MEMBERS
+
     if name not in AXES:
         raise AxisError(f"unknown axis {name!r}; known axes: {', '.join(AXES)}")
     module, cls = AXES[name].split(":")
-    return getattr(importlib.import_module(module), cls)()
+    axis = getattr(importlib.import_module(module), cls)()
+    missing = [m for m in MEMBERS if not hasattr(axis, m)]
+    if missing:
+        raise AxisError(f"axis {name!r} ({AXES[name]}) lacks {', '.join(missing)} (opct.axes.base.Axis)")
+    return axis
 
 
 def axis_names(value: str) -> list[str]:

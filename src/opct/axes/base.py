@@ -63,22 +63,33 @@ class Axis(Protocol):
     defaults  DemoConfig / EvalConfig values for this axis (model, n_train, steps, max_new_tokens, ...), applied
               only to options the user did not set (flags or --config YAML)
     sft       SFTConfig overrides for the demo's SFT baseline (e.g. {"samples_per_prompt": 3, "temperature": 1.0})
+    opct      TrainConfig overrides for the demo's OPCT run (e.g. {"loss": "full"}; {} = none)
     headline  the few figures a run over several axes (`opct demo --axis all`) puts side by side: (metric, split or
               None for a metric without splits, "lower" or "higher" is better) per row, read from `evaluate`'s result
+
+    Every member is required (`opct.axes.get_axis` checks): an axis with nothing to check or compare says so in a
+    one-line method, and nothing calling an axis probes for optional members.
     """
     name: str
     summary: str
     defaults: dict
     sft: dict
+    opct: dict
     headline: tuple
+
+    def check(self, cfg) -> None:
+        """What the axis needs from outside (a judge endpoint that answers), checked by `opct eval` and `opct demo`
+        before any model loads; raises a user error (exit 2) naming the options. Nothing to check: return."""
+        ...
 
     def prepare(self, cfg, tok) -> AxisData:
         """Build the training pairs and the evaluation set; deterministic in cfg (seed)."""
         ...
 
     def evaluate(self, policy, data: AxisData, cfg, samples: Path | None = None) -> dict:
-        """Evaluate one model (an inference `Policy`) on data.eval_set: the results.json section for it (see the module docstring). With
-        `samples`, also write per-example records (prompt, response, verdict) there as JSONL for inspection."""
+        """Evaluate one model (an inference `Policy`) on data.eval_set: the results.json section for it (see the
+        module docstring). With `samples`, also write per-example records (prompt, response, verdict) there as JSONL
+        for inspection."""
         ...
 
     def probe(self, data: AxisData, cfg) -> Callable | None:
@@ -86,15 +97,18 @@ class Axis(Protocol):
         step; None = none."""
         ...
 
+    def compare(self, methods: dict) -> dict | None:
+        """The methods ({"base"|"sft"|"opct": result}) against each other, e.g. paired changes from base with
+        intervals: results.json "comparison"; None = the axis has no such comparison."""
+        ...
+
     def report_blocks(self, results: dict, run_dir: Path) -> list:
         """This axis' report section as report blocks (see opct.report); plots go under run_dir / "plots"."""
         ...
 
-    # Optional: check(cfg) -> None, what the axis needs from outside (a judge endpoint that answers), checked by
-    # `opct eval` and `opct demo` before any model loads; raises a user error (exit 2) naming the options.
-    # Optional: an `opct` dict attribute of TrainConfig overrides for the demo's OPCT run (e.g. {"loss": "full"}).
-    # Optional: compare(methods: {"base"|"sft"|"opct": result}) -> dict, e.g. paired changes from base with
-    # intervals; the demo stores it as results.json "comparison" when the axis has it.
+
+MEMBERS = ("name", "summary", "defaults", "sft", "opct", "headline", "check", "prepare", "evaluate", "probe",
+           "compare", "report_blocks")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -477,5 +477,8 @@ class JailbreakAxis:
     def probe(self, data: AxisData, cfg):
         return probe(data, cfg)
 
+    def compare(self, methods: dict) -> None:
+        """None: each method's rates carry their intervals (no paired comparison)."""
+
     def report_blocks(self, results: dict, run_dir) -> list:
         return report_blocks(results, run_dir)

@@ -99,6 +99,7 @@ class SafetyAxis:
     defaults = {"source": "facts", "n_train": 64, "n_eval": 6, "max_new_tokens": 64, "steps": 40,
                 "prompts_per_step": 8, "batch_size": 16, "probe_every": 0, "probe_n": 16}
     sft = {"samples_per_prompt": 3, "temperature": 1.0}
+    opct: dict = {}  # TrainConfig's defaults
     headline = (("pass_rate", "heldout", "higher"), ("ausc", "heldout", "higher"),
                 ("over_warning", "contrast", "lower"))
 

@@ -449,8 +449,15 @@ class SycophancyAxis:
     summary = "multiple-choice questions with and without a user's wrong-answer cue"
     defaults: dict = {}  # the config dataclasses' own defaults are this axis'
     sft: dict = {}  # greedy targets, one per prompt (BCT)
+    opct: dict = {}  # TrainConfig's defaults
     headline = (("sycophancy_rate", "heldout_cues", "lower"), ("sycophancy_rate", "system_cue", "lower"),
                 ("sycophancy_rate", "pushback", "lower"), ("clean_accuracy", None, "higher"))
+
+    def check(self, cfg) -> None:
+        """Nothing outside the process: the questions ship with opct."""
+
+    def compare(self, methods: dict) -> None:
+        """None: each method's intervals are in its own results (no paired comparison)."""
 
     def prepare(self, cfg, tok):
         from opct.axes.base import AxisData

@@ -175,8 +175,11 @@ def verify(path: Path) -> None:
     """Every file the manifest lists is there with its size and sha256 (a truncated or altered file fails)."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path / MANIFEST}: unreadable ({e})") from None
+    if not (isinstance(manifest, dict) and all(isinstance(w, dict) and {"bytes", "sha256"} <= set(w)
+                                               for w in manifest.values())):
+        raise CheckpointError(f"{path / MANIFEST}: not a checkpoint manifest ({{file: {{bytes, sha256}}}})")
     for name, want in manifest.items():
         f = path / name
         if not f.is_file() or f.stat().st_size != want["bytes"] or sha256_file(f) != want["sha256"]:

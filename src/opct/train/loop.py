@@ -67,9 +67,9 @@ def check_out_dir(cfg: RunConfig) -> Path:
         raise RunError(f"{out}: this run already finished (run.json); choose another --out")
     saved = out / "config.yaml"
     if saved.is_file():
-        import yaml
+        from opct.config import read_yaml
 
-        before = yaml.safe_load(saved.read_text()) or {}
+        before, _ = read_yaml(saved)  # a damaged file: ConfigError naming it (and the line)
         now = dataclasses.asdict(cfg)
         may_change = resumable_fields(type(cfg))  # where and how fast it runs, run management (config.opt)
         changed = sorted(k for k in now if k in before and k not in may_change and before[k] != now[k])
