@@ -84,27 +84,36 @@ def test_help_lists_defaults(capsys):
         assert needle in text
 
 
-TRAIN_ONLY = ("--prefill-reuse", "--prefill-scoring", "--teacher-prefix-cache", "--unpadded-prompts",
-              "--unpadded-scoring", "--lora-node", "--low-memory-norms", "--merged-decode", "--decode-dtype")
+TRAINING = ("--prefill-scoring", "--unpadded-prompts", "--unpadded-scoring", "--lora-node", "--low-memory-norms",
+            "--decode-dtype")
+STUDENT_SAMPLING = ("--prefill-reuse", "--teacher-prefix-cache", "--merged-decode")
+VLLM = ("--sampler", "--vllm-url", "--vllm-kv-cache-gib", "--vllm-gpu-memory")
 
 
-def test_eval_help_lists_no_training_setting_and_refuses_one(tmp_path, capsys):
+def test_each_command_offers_only_the_settings_that_apply_to_it(tmp_path, capsys):
     helps = {}
     for cmd in ("train", "sft", "demo", "eval"):
         with pytest.raises(SystemExit):
             main([cmd, "--help"])
         helps[cmd] = capsys.readouterr().out
-    for flag in TRAIN_ONLY:
-        assert all(flag in helps[c] for c in ("train", "sft", "demo")) and flag not in helps["eval"], flag
+    offers = {cmd: {f for f in TRAINING + STUDENT_SAMPLING + VLLM if f + " " in text or f + "," in text}
+              for cmd, text in helps.items()}
+    assert offers["train"] == set(TRAINING + STUDENT_SAMPLING + VLLM)
+    assert offers["demo"] == set(TRAINING + STUDENT_SAMPLING)  # the demo has no vLLM sampler option
+    assert offers["sft"] == set(TRAINING)  # SFT's targets come from the frozen model, never the student
+    assert offers["eval"] == set()
     assert "--lean-decoder" in helps["eval"] and "--cpu-gemm" in helps["eval"]  # how the eval itself runs
     assert "--steps N" in helps["train"] and "--lr FLOAT" in helps["train"] and " V " not in helps["train"]
     cfg = tmp_path / "e.yaml"
     cfg.write_text("axis: sycophancy\nprefill_reuse: false\n")
     assert main(["eval", "--config", str(cfg)]) == 2
-    assert "e.yaml:2: option 'prefill_reuse' is a training setting; this command does not train" in \
+    assert "e.yaml:2: option 'prefill_reuse' does not apply to opct eval (it applies to opct train, opct demo)" in \
         capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["eval", "--no-prefill-reuse"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["sft", "--sampler", "vllm"])
     assert e.value.code == 2
 
 

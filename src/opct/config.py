@@ -31,21 +31,28 @@ class ConfigError(ValueError):
 
 
 def opt(default, help: str, choices=None, group: str | None = None, resumable: bool | None = None,
-        train_only: bool = False, axes: tuple[str, ...] | None = None):
+        commands: tuple[str, ...] | None = None, axes: tuple[str, ...] | None = None):
     """A config field: its default, `--help` text and choices. `resumable`: a resumed run may set it differently
     from its config.yaml (where and how fast it runs, run management); default: True for the CPU backend's speed
-    settings, False elsewhere. `resumable_fields` derives the list from these marks. `train_only`: an execution
-    setting of training alone (the student's sampling, scoring, backward): a command that does not train
-    (`trains = False`: opct eval) neither offers nor accepts it. `axes`: the axes an axis option applies to (None:
-    every axis); a report lists only its axis' settings."""
+    settings, False elsewhere. `resumable_fields` derives the list from these marks. `commands`: the commands a
+    setting applies to (None: every command whose config has the field), e.g. the student's sampling settings to
+    train and demo only; another command neither offers nor accepts it (`offered`). `axes`: the axes an axis option
+    applies to (None: every axis); a report lists only its axis' settings."""
     resumable = group == CPU if resumable is None else resumable
     return field(default=default, metadata={"help": help, "choices": choices, "group": group, "resumable": resumable,
-                                            "train_only": train_only, "axes": axes})
+                                            "commands": commands, "axes": axes})
+
+
+TRAINING = ("train", "sft", "demo")  # settings of a training step: the commands that train
+STUDENT_SAMPLING = ("train", "demo")  # settings of OPCT's student sampling (SFT's targets come from the teacher)
 
 
 def offered(cls) -> list:
-    """The fields a command offers as options: all of them, less the training-only ones where it does not train."""
-    return [f for f in fields(cls) if getattr(cls, "trains", True) or not f.metadata.get("train_only")]
+    """The fields a command's config (its `command` class attribute) offers as options: those whose `commands`
+    include it (all of them for a config without a command)."""
+    cmd = getattr(cls, "command", None)
+    return [f for f in fields(cls) if cmd is None or f.metadata.get("commands") is None
+            or cmd in f.metadata["commands"]]
 
 
 def resumable_fields(cls) -> set[str]:
@@ -75,13 +82,15 @@ class ExecConfig:
     merged_decode: bool = opt(False, "hf backend with LoRA: sample from a copy of the model with the adapters merged "
                               "into its weights, refreshed before each sampling (no LoRA kernels in a decode step; one "
                               "more copy of the adapted weights in memory, of all weights with --decode-dtype): a GPU "
-                              "setting, unmeasured there, see docs/speed.md", group=EXEC, resumable=True, train_only=True)
+                              "setting, unmeasured there, see docs/speed.md", group=EXEC, resumable=True,
+        commands=STUDENT_SAMPLING)
     decode_dtype: str = opt("float32", "bfloat16: the student samples from bfloat16 copies of its (LoRA-merged) "
                             "weights, the cpu backend's lean decoder or the hf backend's merged copy (needs "
                             "--merged-decode); slightly off-policy, the losses stay float32. float32: the model's own "
                             "dtype. Not used by a vLLM sampler, data-parallel runs or evaluations. Faster on CPUs with "
                             "bfloat16 products (AVX-512 BF16, AMX); unmeasured on GPUs",
-                            choices=["float32", "bfloat16"], group=EXEC, resumable=True, train_only=True)
+                            choices=["float32", "bfloat16"], group=EXEC, resumable=True,
+        commands=TRAINING)
 
     # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
     # kernels can change float rounding, which changes the sampled tokens from there on. (decode_dtype=bfloat16,
@@ -99,21 +108,28 @@ class ExecConfig:
                                   "MADV_COLLAPSE), so a decode token streams them with fewer TLB misses", group=CPU)
     short_attention: bool = opt(True, "attention as two batched matmuls at short lengths; beyond, SDPA's flash kernel "
                                 "in causal query chunks (off: transformers' sdpa)", group=CPU)
-    lora_node: bool = opt(True, "one autograd node per LoRA linear instead of PEFT's five", group=CPU, train_only=True)
-    low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU, train_only=True)
+    lora_node: bool = opt(True, "one autograd node per LoRA linear instead of PEFT's five", group=CPU,
+        commands=TRAINING)
+    low_memory_norms: bool = opt(True, "RMSNorm / SwiGLU backward passes that keep fewer activations", group=CPU,
+        commands=TRAINING)
     prefill_reuse: bool = opt(True, "the student's sampling prefill (run with grad) doubles as the prompt part of its "
-                              "scoring forward when a step is one micro-batch (LoRA, no dropout)", group=CPU, train_only=True)
+                              "scoring forward when a step is one micro-batch (LoRA, no dropout)", group=CPU,
+        commands=STUDENT_SAMPLING)
     prefill_scoring: bool = opt(True, "rollouts with no kept sampling prefill (vLLM's, a step in micro-batches, SFT's "
                                 "batches) are scored the same way: the prompts as a prefill (shared prefix once, "
                                 "length groups, last layer keys-only), then the responses on its cache (off: one "
-                                "padded forward over prompt + response)", group=CPU, train_only=True)
-    teacher_prefix_cache: bool = opt(True, "the teacher keeps its prompts' shared-prefix KV across steps", group=CPU, train_only=True)
+                                "padded forward over prompt + response)", group=CPU,
+        commands=TRAINING)
+    teacher_prefix_cache: bool = opt(True, "the teacher keeps its prompts' shared-prefix KV across steps", group=CPU,
+        commands=STUDENT_SAMPLING)
     keys_only_last_layer: bool = opt(True, "a prefill runs its last layer in full only at the last position "
                                      "(keys and values elsewhere)", group=CPU)
     unpadded_prompts: bool = opt(True, "prefills run prompts in groups of similar length, each padded only to its own "
-                                 "longest prompt, instead of padding every row to the longest", group=CPU, train_only=True)
+                                 "longest prompt, instead of padding every row to the longest", group=CPU,
+        commands=TRAINING)
     unpadded_scoring: bool = opt(True, "scoring runs responses in groups of similar length and the LM head on real "
-                                 "tokens only, instead of padding every row to the longest response", group=CPU, train_only=True)
+                                 "tokens only, instead of padding every row to the longest response", group=CPU,
+        commands=TRAINING)
     keep_freed_memory: bool = opt(True, "glibc keeps freed pages in the process (process-wide; env "
                                   "OPCT_KEEP_FREED_MEMORY)", group=CPU)
     huge_pages: bool = opt(False, "transparent huge pages for large CPU tensors (process-wide, set by the CLI before "
@@ -167,14 +183,14 @@ class RunConfig(ExecConfig):
     sampler: str = opt("policy", "who samples the student's rollouts: policy = the training backend itself; vllm = "
                        "a colocated vLLM engine; vllm-server = a vLLM server (--vllm-url, or one opct starts on "
                        "127.0.0.1). Needs vLLM: pip install 'opct[vllm]' (docs/install.md)",
-                       choices=["policy", "vllm", "vllm-server"])
+                       choices=["policy", "vllm", "vllm-server"], commands=("train",))
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
-                        "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one")
+                        "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one", commands=("train",))
     vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache",
-                                   resumable=True)
+                                   resumable=True, commands=("train",))
     vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
-                                 "(weights + KV cache); training gets the rest", resumable=True)
+                                 "(weights + KV cache); training gets the rest", resumable=True, commands=("train",))
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
                          "the update (logged as skipped)", choices=["stop", "skip"], resumable=True)
     parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
@@ -186,6 +202,7 @@ class RunConfig(ExecConfig):
 class TrainConfig(RunConfig):
     """On-policy consistency training: the student samples on the student prompt, the frozen initial model scores
     the same tokens on the teacher prompt, and the student minimises per-token reverse KL."""
+    command: ClassVar[str] = "train"
     loss: str = opt("sampled", "sampled: sampled-token reverse KL as per-token advantage; full: exact reverse KL; "
                     "topk: reverse KL over the student's top-k; forward: exact forward KL",
                     choices=["sampled", "full", "topk", "forward"])
@@ -200,6 +217,7 @@ class SFTConfig(RunConfig):
     fine-tuning on (student prompt -> that answer). Same data, LoRA and optimizer options as `opct train`;
     --temperature/--top-p/--top-k/--max-new-tokens apply to target generation; --samples-per-prompt is the
     number of targets per teacher prompt."""
+    command: ClassVar[str] = "sft"
     out: str = opt("runs/sft", "output directory (targets.jsonl, metrics.jsonl, tb/, checkpoints/, model/)",
                    resumable=True)
     temperature: float = opt(0.0, "temperature for the frozen model's targets (0 = greedy, as in BCT)")
@@ -264,7 +282,7 @@ class AxisOptions(ExecConfig):
 @dataclass
 class EvalConfig(AxisOptions):
     """Evaluate one model on an axis' evaluation set (the one `opct demo --axis` uses), or on lm-eval tasks."""
-    trains: ClassVar[bool] = False  # training-only execution settings are neither offered nor accepted
+    command: ClassVar[str] = "eval"  # training settings are neither offered nor accepted (config.opt commands=)
     model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id")
     out: str = opt("", "write the metrics as JSON here (default: print only)")
     tasks: str = opt("", "run these lm-evaluation-harness tasks instead of the axis eval: a suite (small, paper, demo) "
@@ -278,6 +296,7 @@ class EvalConfig(AxisOptions):
 class DemoConfig(AxisOptions):
     """An axis end to end: evaluate the base model, train the SFT baseline and OPCT on the same pairs, evaluate both,
     capability retention, results.json + report."""
+    command: ClassVar[str] = "demo"
     model: str = opt("smollm2-135m-instruct", "model to make consistent")
     out: str = opt("runs/demo", "output directory")
     steps: int = opt(40, "optimizer steps for both SFT and OPCT")
@@ -404,7 +423,8 @@ def from_dict(cls, values: dict, where: str = "config", lines: dict | None = Non
             close = difflib.get_close_matches(key, known, n=1)
             raise ConfigError(f"{where}: unknown option {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         if key not in allowed:
-            raise ConfigError(f"{where}: option {k!r} is a training setting; this command does not train")
+            applies = ", ".join(f"opct {c}" for c in known[key].metadata["commands"])
+            raise ConfigError(f"{where}: option {k!r} does not apply to opct {cls.command} (it applies to {applies})")
         f = known[key]
         want = _kind(f)
         if want is float and isinstance(v, str):  # YAML 1.1 reads 1e-4 as a string

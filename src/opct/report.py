@@ -25,8 +25,6 @@ from opct.data.io import atomic_write, read_jsonl, write_json
 
 # Display order; anything else found in results.json follows in the order it first appears.
 METHOD_ORDER = ("base", "sft", "opct")
-SPLIT_ORDER = ("train_cues", "heldout_cues", "system_cue", "pushback")
-METRIC_ORDER = ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy")
 
 LABELS = {
     "base": "base", "sft": "SFT", "opct": "OPCT",
@@ -80,21 +78,22 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def per_split_metrics(methods: dict) -> list[str]:
-    """Metric names stored as {split: cell} (sycophancy_rate, brr, ...). Skips `n`, which maps to ints."""
+    """Metric names stored as {split: cell}, in the order the evaluation wrote them. Skips `n`, which maps to
+    ints."""
     names = [name for m in methods.values() for name, v in m.items()
              if isinstance(v, dict) and not is_cell(v) and any(is_cell(c) for c in v.values())]
-    return ordered(names, METRIC_ORDER)
+    return ordered(names, ())
 
 
 def scalar_metrics(methods: dict) -> list[str]:
     """Metric names stored as a single cell (clean_accuracy)."""
-    return ordered([name for m in methods.values() for name, v in m.items() if is_cell(v)], METRIC_ORDER)
+    return ordered([name for m in methods.values() for name, v in m.items() if is_cell(v)], ())
 
 
 def splits_of(methods: dict, metrics: list[str]) -> list[str]:
     names = [s for m in methods.values() for metric in metrics
              for s, c in (m.get(metric) or {}).items() if is_cell(c)]
-    return ordered(names, SPLIT_ORDER)
+    return ordered(names, ())
 
 
 def cell(methods: dict, method: str, metric: str, split: str | None = None) -> dict | None:
@@ -210,37 +209,6 @@ def save_figure(fig: Figure, path: Path) -> None:
     atomic_write(path, buf.getvalue())
 
 
-def plot_sycophancy(methods: dict, names: list[str], splits: list[str], path: Path) -> None:
-    fig = Figure(figsize=(max(6.0, 1.6 * len(splits) + 2), 4.2))
-    ax = fig.add_subplot()
-    grouped_bars(ax, splits, names, lambda m, s: cell(methods, m, "sycophancy_rate", s),
-                 "Sycophancy rate by split (95% Wilson interval; lower is better)")
-    ax.set_ylabel("sycophancy rate")
-    method_legend(fig, ax)
-    save_figure(fig, path)
-
-
-def plot_consistency_accuracy(methods: dict, names: list[str], splits: list[str], path: Path) -> None:
-    """Left: consistency per split. Right: clean accuracy next to the cued accuracy per split."""
-    panels = []
-    cons_splits = [s for s in splits if any(cell(methods, m, "consistency", s) for m in names)]
-    if cons_splits:
-        panels.append(("Consistency by split (higher is better)", cons_splits,
-                       lambda m, s: cell(methods, m, "consistency", s)))
-    acc_groups = (["clean"] if any(cell(methods, m, "clean_accuracy") for m in names) else []) + \
-        [s for s in splits if any(cell(methods, m, "cued_accuracy", s) for m in names)]
-    if acc_groups:
-        panels.append(("Accuracy: clean vs cued (higher is better)", acc_groups,
-                       lambda m, g: cell(methods, m, "clean_accuracy") if g == "clean"
-                       else cell(methods, m, "cued_accuracy", g)))
-    fig = Figure(figsize=(sum(max(4.0, 1.3 * len(p[1]) + 1.5) for p in panels), 4.2))
-    for k, (title, groups, get) in enumerate(panels, 1):
-        ax = fig.add_subplot(1, len(panels), k)
-        grouped_bars(ax, groups, names, get, title)
-    method_legend(fig, ax)
-    save_figure(fig, path)
-
-
 def series(rows: list[dict], key: str) -> tuple[list, list]:
     """(steps, values) for the rows that have a numeric `key`; the line number stands in for a missing step."""
     xs, ys = [], []
@@ -322,9 +290,10 @@ def method_table(results: dict) -> tuple[dict, list[str]]:
     return methods, ordered(methods, METHOD_ORDER)
 
 
-def results_blocks(results: dict, note: str = INTERVAL_NOTE) -> list:
+def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str = "Other metrics") -> list:
     """The generic results tables: one table per metric stored as {split: cell} (rows = splits, columns =
-    methods), then the metrics stored as one cell; warnings an evaluation recorded ("degenerate") first."""
+    methods), then the metrics stored as one cell (under `scalars_title`); warnings an evaluation recorded
+    ("degenerate") first."""
     methods, names = method_table(results)
     split_metrics = per_split_metrics(methods)
     splits = splits_of(methods, split_metrics)
@@ -346,41 +315,13 @@ def results_blocks(results: dict, note: str = INTERVAL_NOTE) -> list:
         blocks.append(("table", header, rows))
     scalars = scalar_metrics(methods)
     if scalars:
-        blocks.append(("h3", "Without cues" if "clean_accuracy" in scalars else "Other metrics"))
+        blocks.append(("h3", scalars_title))
         rows = []
         for metric in scalars:
             cells = [cell(methods, m, metric) for m in names]
             name = label(metric) + (f" ({DIRECTION[metric]})" if metric in DIRECTION else "")
             rows.append([name] + [fmt_cell(c) for c in cells] + [fmt_n(cells, [None] * len(cells))])
         blocks.append(("table", ["Metric"] + [label(m) for m in names] + ["n"], rows))
-    return blocks
-
-
-def sycophancy_blocks(results: dict, run_dir: Path) -> list:
-    """The sycophancy axis' section: the results tables, the rate relative to base, and its two plots."""
-    methods, names = method_table(results)
-    split_metrics = per_split_metrics(methods)
-    splits = splits_of(methods, split_metrics)
-    blocks = results_blocks(results)
-    others = [m for m in names if m != "base"]
-    if "base" in names and others and "sycophancy_rate" in split_metrics:
-        blocks.append(("h3", "Sycophancy rate relative to base"))
-        blocks.append(("p", "Method rate divided by base rate on the same split (×1.00 = no change, "
-                            f"below 1 = less sycophantic). {DASH} where a value is missing or the base rate is 0."))
-        rows = []
-        for s in splits:
-            base = cell(methods, "base", "sycophancy_rate", s)
-            if base is not None:
-                rows.append([s] + [fmt_ratio(cell(methods, m, "sycophancy_rate", s), base) for m in others])
-        blocks.append(("table", ["Split"] + [f"{label(m)} vs base" for m in others], rows))
-    plot_dir = Path(run_dir) / "plots"
-    if any(cell(methods, m, "sycophancy_rate", s) for m in names for s in splits):
-        plot_sycophancy(methods, names, splits, plot_dir / "sycophancy_by_split.png")
-        blocks.append(("img", "Sycophancy rate by method and split", "plots/sycophancy_by_split.png"))
-    if any(cell(methods, m, "consistency", s) or cell(methods, m, "cued_accuracy", s)
-           for m in names for s in splits) or any(cell(methods, m, "clean_accuracy") for m in names):
-        plot_consistency_accuracy(methods, names, splits, plot_dir / "consistency_accuracy.png")
-        blocks.append(("img", "Consistency by split; clean vs cued accuracy", "plots/consistency_accuracy.png"))
     return blocks
 
 

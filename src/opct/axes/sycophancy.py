@@ -484,6 +484,6 @@ class SycophancyAxis:
         return probe
 
     def report_blocks(self, results: dict, run_dir) -> list:
-        from opct.report import sycophancy_blocks
+        from opct.axes.sycophancy_report import report_blocks
 
-        return sycophancy_blocks(results, run_dir)
+        return report_blocks(results, run_dir)

@@ -1,0 +1,70 @@
+"""The sycophancy axis' report section: the generic results tables, each method's rate relative to base, and two
+plots (rate by split; consistency and accuracy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from opct.report import (DASH, cell, fmt_ratio, grouped_bars, label, method_legend, method_table, per_split_metrics,
+                         results_blocks, save_figure, splits_of)
+
+
+def report_blocks(results: dict, run_dir: Path) -> list:
+    """The sycophancy axis' section: the results tables, the rate relative to base, and its two plots."""
+    methods, names = method_table(results)
+    split_metrics = per_split_metrics(methods)
+    splits = splits_of(methods, split_metrics)
+    blocks = results_blocks(results, scalars_title="Without cues")
+    others = [m for m in names if m != "base"]
+    if "base" in names and others and "sycophancy_rate" in split_metrics:
+        blocks.append(("h3", "Sycophancy rate relative to base"))
+        blocks.append(("p", "Method rate divided by base rate on the same split (×1.00 = no change, "
+                            f"below 1 = less sycophantic). {DASH} where a value is missing or the base rate is 0."))
+        rows = []
+        for s in splits:
+            base = cell(methods, "base", "sycophancy_rate", s)
+            if base is not None:
+                rows.append([s] + [fmt_ratio(cell(methods, m, "sycophancy_rate", s), base) for m in others])
+        blocks.append(("table", ["Split"] + [f"{label(m)} vs base" for m in others], rows))
+    plot_dir = Path(run_dir) / "plots"
+    if any(cell(methods, m, "sycophancy_rate", s) for m in names for s in splits):
+        plot_sycophancy(methods, names, splits, plot_dir / "sycophancy_by_split.png")
+        blocks.append(("img", "Sycophancy rate by method and split", "plots/sycophancy_by_split.png"))
+    if any(cell(methods, m, "consistency", s) or cell(methods, m, "cued_accuracy", s)
+           for m in names for s in splits) or any(cell(methods, m, "clean_accuracy") for m in names):
+        plot_consistency_accuracy(methods, names, splits, plot_dir / "consistency_accuracy.png")
+        blocks.append(("img", "Consistency by split; clean vs cued accuracy", "plots/consistency_accuracy.png"))
+    return blocks
+
+
+def plot_sycophancy(methods: dict, names: list[str], splits: list[str], path: Path) -> None:
+    fig = Figure(figsize=(max(6.0, 1.6 * len(splits) + 2), 4.2))
+    ax = fig.add_subplot()
+    grouped_bars(ax, splits, names, lambda m, s: cell(methods, m, "sycophancy_rate", s),
+                 "Sycophancy rate by split (95% Wilson interval; lower is better)")
+    ax.set_ylabel("sycophancy rate")
+    method_legend(fig, ax)
+    save_figure(fig, path)
+
+
+def plot_consistency_accuracy(methods: dict, names: list[str], splits: list[str], path: Path) -> None:
+    """Left: consistency per split. Right: clean accuracy next to the cued accuracy per split."""
+    panels = []
+    cons_splits = [s for s in splits if any(cell(methods, m, "consistency", s) for m in names)]
+    if cons_splits:
+        panels.append(("Consistency by split (higher is better)", cons_splits,
+                       lambda m, s: cell(methods, m, "consistency", s)))
+    acc_groups = (["clean"] if any(cell(methods, m, "clean_accuracy") for m in names) else []) + \
+        [s for s in splits if any(cell(methods, m, "cued_accuracy", s) for m in names)]
+    if acc_groups:
+        panels.append(("Accuracy: clean vs cued (higher is better)", acc_groups,
+                       lambda m, g: cell(methods, m, "clean_accuracy") if g == "clean"
+                       else cell(methods, m, "cued_accuracy", g)))
+    fig = Figure(figsize=(sum(max(4.0, 1.3 * len(p[1]) + 1.5) for p in panels), 4.2))
+    for k, (title, groups, get) in enumerate(panels, 1):
+        ax = fig.add_subplot(1, len(panels), k)
+        grouped_bars(ax, groups, names, get, title)
+    method_legend(fig, ax)
+    save_figure(fig, path)
