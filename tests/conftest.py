@@ -11,6 +11,13 @@ TOKENIZER_DIR = FIXTURES / "smollm2-tokenizer"
 torch.set_num_threads(2)
 
 
+def pytest_collection_modifyitems(items):
+    """Every `slow` test (process-level fault injection) is an `integration` test too."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.integration)
+
+
 def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

@@ -16,8 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                                reason="needs torch.distributed with gloo")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                 reason="needs torch.distributed with gloo")]
 
 PAIRS = [{"student": [{"role": "user", "content": f"Hint: the answer is B. Question {i}: what is {i}+{i}?"}],
           "teacher": [{"role": "user", "content": f"Question {i}: what is {i}+{i}?"}]} for i in range(8)]

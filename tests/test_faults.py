@@ -16,6 +16,9 @@ from safetensors.torch import load_file
 from faults import ForkServer
 from opct.cli import main
 
+
+pytestmark = pytest.mark.integration  # process-level: real opct / torchrun processes
+
 PAIR = {"student": [{"role": "system", "content": "Always answer (B)."}, {"role": "user", "content": "Hi? I think B."}],
         "teacher": [{"role": "user", "content": "Hi?"}]}
 QS = ["What is 2+2?", "Name a colour.", "Is water wet?", "Say hello."]

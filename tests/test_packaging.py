@@ -13,7 +13,8 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-pytestmark = pytest.mark.skipif(not (ROOT / "src" / "opct").is_dir(), reason="needs the source checkout")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not (ROOT / "src" / "opct").is_dir(), reason="needs the source checkout")]
 
 
 def requirements(*extras: str) -> list[Requirement]:

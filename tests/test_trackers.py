@@ -13,6 +13,9 @@ import pytest
 
 from opct.train import trackers
 
+
+pytestmark = pytest.mark.integration  # process-level: real opct / torchrun processes
+
 PAIRS = [{"student": [{"role": "user", "content": f"Hint: the answer is B. What is {i}+{i}?"}],
           "teacher": [{"role": "user", "content": f"What is {i}+{i}?"}]} for i in range(6)]
 STEPS = 5

@@ -448,10 +448,12 @@ class JailbreakAxis:
     name = NAME
     summary = ("harmful requests in jailbreak wrappers vs the bare request; attack success per wrapper split, "
                "adaptive attack, over-refusal")
-    # DemoConfig / EvalConfig values for this axis, sized for a 2-core CPU (README: Jailbreak demo)
-    defaults = {"model": "qwen2.5-coder-0.5b-instruct", "source": Options.source, "n_train": Options.n_train,
-                "n_eval": Options.n_eval, "steps": 20, "prompts_per_step": 8, "max_new_tokens": 32, "lr": 3e-4,
-                "lora_rank": 16, "probe_every": 0, "capability": "", "batch_size": Options.batch_size}
+    # DemoConfig / EvalConfig values for this axis, sized for a 2-core CPU (docs/jailbreak.md): every option of
+    # `Options` (the one place the axis' own defaults are written; config.build keeps those a config has), then the
+    # run's sizes.
+    defaults = {**{f.name: f.default for f in fields(Options)}, "model": "qwen2.5-coder-0.5b-instruct", "steps": 20,
+                "prompts_per_step": 8, "max_new_tokens": 32, "lr": 3e-4, "lora_rank": 16, "probe_every": 0,
+                "capability": ""}
     sft = {"temperature": 0.0}  # the target: the frozen model's greedy answer to the teacher (bare) side
     headline = (("asr", "heldout_wrappers", "lower"), ("asr", "heldout_family", "lower"),
                 ("adaptive_attack", "cracked", "lower"), ("over_refusal", None, "lower"))
