@@ -66,7 +66,8 @@ CPU = "CPU backend speed settings (applied once when the cpu backend is set up)"
 
 
 @dataclass
-class ExecConfig:
+class Where:
+    """Where and in what a model runs, and the hf backend's decode settings: every command's."""
     device: str = opt("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps", group=EXEC, resumable=True)
     dtype: str = opt("auto", "model weights' dtype; auto = float32 on the CPU and MPS, bfloat16 on a GPU that has it "
                      "(loss math is float32 either way)", choices=["auto", "float32", "bfloat16", "float16"], group=EXEC)
@@ -92,9 +93,13 @@ class ExecConfig:
                             choices=["float32", "bfloat16"], group=EXEC, resumable=True,
         commands=TRAINING)
 
-    # The CPU backend's speed settings. Each changes speed or memory only, never what is computed; the matmul
-    # kernels can change float rounding, which changes the sampled tokens from there on. (decode_dtype=bfloat16,
-    # above, off by default, samples from weights rounded to bfloat16.)
+
+@dataclass
+class CPUSettings:
+    """The CPU backend's speed settings (opct.backends.cpu receives these, never a command's config). Each changes
+    speed or memory only, never what is computed; the matmul kernels can change float rounding, which changes the
+    sampled tokens from there on. (decode_dtype=bfloat16, a `Where` setting, off by default, samples from weights
+    rounded to bfloat16.)"""
     cpu_gemm: str = opt("auto", "fp32 matmuls of the forward/backward through oneDNN or torch's own kernels (MKL); "
                         "auto: oneDNN on non-Intel CPUs with AVX-512, torch's elsewhere (env OPCT_CPU_GEMM)",
                         choices=["auto", "onednn", "torch"], group=CPU)
@@ -134,6 +139,17 @@ class ExecConfig:
                                   "OPCT_KEEP_FREED_MEMORY)", group=CPU)
     huge_pages: bool = opt(False, "transparent huge pages for large CPU tensors (process-wide, set by the CLI before "
                            "torch allocates; env THP_MEM_ALLOC_ENABLE)", group=CPU)
+
+    @classmethod
+    def of(cls, cfg) -> CPUSettings:
+        """These settings out of a command's config (which has them all: config.ExecConfig)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+
+@dataclass
+class ExecConfig(CPUSettings, Where):
+    """Every command's execution settings, composed from their owners: `Where` (device, dtype, backend, threads,
+    the hf backend's decoding) and `CPUSettings` (the cpu backend). Flags and YAML keys stay flat."""
 
 
 # Environment variables that override a speed setting (they win over YAML and flags, and the effective value is

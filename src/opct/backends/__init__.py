@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, Rollout, Scores
@@ -38,9 +36,12 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     if backend == "cpu":
         from opct.backends.cpu import CPUPolicy
 
-        if not train:  # evaluations decode in the model's own dtype (decode_dtype is the student's sampling)
-            cfg = dataclasses.replace(cfg, decode_dtype="float32")
-        policy = CPUPolicy(model, tok, eos_ids, cfg, micro_batch=micro_batch, lora_dropout=lora_dropout, train=train)
+        from opct.config import CPUSettings
+
+        # evaluations decode in the model's own dtype (decode_dtype is the student's sampling)
+        policy = CPUPolicy(model, tok, eos_ids, CPUSettings.of(cfg),
+                           decode_dtype=cfg.decode_dtype if train else "float32", micro_batch=micro_batch,
+                           lora_dropout=lora_dropout, train=train)
     else:
         from opct.backends.hf import HFPolicy
 

@@ -1,6 +1,7 @@
 """The CPU backend: the reference backend's computation with opct's CPU kernels, for float32 models on the CPU.
 
-Everything is applied here, once, each piece behind its own setting (`config.ExecConfig`, recorded with the run):
+Everything is applied here, once, each piece behind its own setting (`config.CPUSettings`, which is all this package
+receives of a command's config; recorded with the run):
 
   gemm.py       fp32 matmuls through oneDNN or MKL (by CPU), frozen weights packed    cpu_gemm, pack_weights
   decoder.py    lean decode step: fused q/k/v and gate/up, LoRA merged, packed        lean_decoder, decode_matmul,
@@ -36,11 +37,7 @@ from opct.backends.cpu import attention, decoder, gemm, lora, norms, process
 from opct.backends.cpu.logprobs import response_logprobs
 from opct.backends.cpu.prefill import GROUP_COST_TOKENS, decode, prefill, response_hidden_after_prefill
 from opct.backends.hf import HFPolicy
-
-SETTINGS = ("cpu_gemm", "pack_weights", "lean_decoder", "decode_matmul", "decode_dtype", "decode_huge_pages",
-            "short_attention", "lora_node", "low_memory_norms", "prefill_reuse", "prefill_scoring",
-            "teacher_prefix_cache",
-            "keys_only_last_layer", "unpadded_prompts", "unpadded_scoring", "keep_freed_memory", "huge_pages")
+from opct.config import CPUSettings
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -51,18 +48,18 @@ def unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def setup_process(cfg) -> None:
-    """The process-wide settings: kernel choices and memory behaviour."""
+def setup_process(cfg: CPUSettings, decode_dtype: str = "float32") -> None:
+    """The process-wide settings: kernel choices and memory behaviour; `decode_dtype` the lean decoder's weights."""
     gemm.configure(cfg.cpu_gemm, cfg.pack_weights)
-    decoder.configure(cfg.decode_matmul, cfg.decode_dtype, cfg.decode_huge_pages)
+    decoder.configure(cfg.decode_matmul, decode_dtype, cfg.decode_huge_pages)
     if cfg.keep_freed_memory:
         process.keep_freed_memory()  # each step re-allocates the same large buffers: keep their pages
     # huge_pages must precede torch's first allocation: the CLI applies it (cli.before_torch)
 
 
-def patch_model(model, cfg) -> None:
+def patch_model(model, cfg: CPUSettings, decode_dtype: str = "float32") -> None:
     """The per-model kernels (attention, norms, LoRA linears); each leaves what it does not cover unchanged."""
-    setup_process(cfg)
+    setup_process(cfg, decode_dtype)
     if cfg.short_attention and getattr(model, "_supports_attention_backend", False):
         attention.use(model)
     if cfg.low_memory_norms:
@@ -81,9 +78,9 @@ class CPUPolicy(HFPolicy):
     bit-identical log-probs."""
     name = "cpu"
 
-    def __init__(self, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30, lora_dropout: float = 0.0,
-                 train: bool = True):
-        patch_model(model, cfg)  # before the teacher copy (full fine-tuning), so the copy runs the same kernels
+    def __init__(self, model, tok, eos_ids: set[int], cfg: CPUSettings, decode_dtype: str = "float32",
+                 micro_batch: int = 1 << 30, lora_dropout: float = 0.0, train: bool = True):
+        patch_model(model, cfg, decode_dtype)  # before the teacher copy (full fine-tuning): the copy runs the same
         super().__init__(model, tok, eos_ids, train=train)
         self.cfg = cfg
         shared = train and self.frozen.shared
