@@ -32,7 +32,7 @@ class FakeSampler:
 def test_vllm_policy_samples_through_the_sampler_and_syncs_every_step(tiny_model_dir, tmp_path, monkeypatch,
                                                                      micro_batch):
     fake = FakeSampler()
-    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: fake)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: fake)
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)  # vllm need not be installed: the sampler is fake
     out = tmp_path / "run"
     train(cfg_for(tiny_model_dir, out, steps=3, sampler="vllm", micro_batch=micro_batch), pairs=make_pairs(),
@@ -225,7 +225,7 @@ def test_a_users_server_must_serve_the_model_being_trained(tiny_model_dir, tmp_p
         real_init(self, inner, sampler)
 
     monkeypatch.setattr(vllm_backend.VLLMPolicy, "__init__", init)
-    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: fake)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: fake)
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
     cfg = cfg_for(tiny_model_dir, tmp_path / "run", steps=1, sampler="vllm-server")
     if served == "another model":
@@ -251,7 +251,7 @@ def test_a_resumed_run_syncs_the_checkpoints_weights_before_its_first_sample(tin
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
     out = tmp_path / "run"
     first = Recording()
-    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: first)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: first)
 
     def stop_after_step_3(policy):
         if len(first.synced) == 4:  # steps 1-3 done, the step-2 checkpoint written
@@ -261,7 +261,7 @@ def test_a_resumed_run_syncs_the_checkpoints_weights_before_its_first_sample(tin
         train(cfg_for(tiny_model_dir, out, steps=4, save_every=2, sampler="vllm"), pairs=make_pairs(),
               probe=stop_after_step_3, probe_every=1, show_progress=False)
     again = Recording()
-    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths: again)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: again)
     train(cfg_for(tiny_model_dir, out, steps=4, save_every=2, sampler="vllm", resume=True), pairs=make_pairs(),
           show_progress=False)
     assert [s for s, _ in first.synced] == [0, 1, 2, 3] and [s for s, _ in again.synced] == [0, 2, 3, 4]

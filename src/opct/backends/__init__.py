@@ -52,7 +52,8 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     if train and cfg.sampler != "policy":
         from opct.backends.vllm import VLLMPolicy, make_sampler
 
-        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, prompt_lengths))
+        dtype = next(model.parameters()).dtype
+        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, prompt_lengths, device=policy.device, dtype=dtype))
     return policy
 
 

@@ -100,20 +100,23 @@ class VLLMPolicy(Policy):
         self.sampler.close()
 
 
-def make_sampler(cfg, eos_ids, prompt_lengths=()):
+def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = None,
+                 dtype: torch.dtype | None = None):
     """The vLLM sampler a config asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU).
     An engine or server started here gets a context of `needed_model_len` of the run's student prompt lengths (in
     tokens); a server given by --vllm-url has its own, which must hold the longest prompt + max_new_tokens.
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
     device (under torchrun each rank has its own engine on its own GPU); an in-process engine there captures CUDA
     graphs for LoRA runs unless `cuda_graphs` is off (a full fine-tune's engine, and a server started here, run
-    eagerly, as on the CPU)."""
+    eagerly, as on the CPU). `device` and `dtype`: the trainer's model's (make_policy passes them; resolved from
+    the config when not given)."""
     from opct.backends.select import resolve
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
 
     check(cfg)
-    device, dtype, _ = resolve(cfg)
+    if device is None or dtype is None:
+        device, dtype, _ = resolve(cfg)
     kw = dict(dtype=str(dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
               kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=needed_model_len(prompt_lengths, cfg.max_new_tokens))
     on_gpu = device.type == "cuda"
