@@ -70,7 +70,8 @@ class Where:
     """Where and in what a model runs, and the hf backend's decode settings: every command's."""
     device: str = opt("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps", group=EXEC, resumable=True)
     dtype: str = opt("auto", "model weights' dtype; auto = float32 on the CPU and MPS, bfloat16 on a GPU that has it "
-                     "(loss math is float32 either way)", choices=["auto", "float32", "bfloat16", "float16"], group=EXEC)
+                     "(loss math is float32 either way)", choices=["auto", "float32", "bfloat16", "float16"],
+                     group=EXEC)
     backend: str = opt("auto", "execution backend: hf = plain transformers + PEFT, any device/dtype (the reference); "
                        "cpu = opct's CPU kernels (float32 CPU only); auto = cpu where it applies, else hf",
                        choices=["auto", "hf", "cpu"], group=EXEC, resumable=True)
@@ -202,7 +203,8 @@ class RunConfig(ExecConfig):
                        choices=["policy", "vllm", "vllm-server"], commands=("train",))
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
-                        "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one", commands=("train",))
+                        "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one",
+                        commands=("train",))
     vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache",
                                    resumable=True, commands=("train",))
     vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
@@ -266,7 +268,8 @@ class AxisOptions(ExecConfig):
                        "the training facts; eval excludes them", group=AXIS)
     n_eval: int = opt(300, "sycophancy: evaluation questions (clean accuracy uses all of them); safety: prompts per "
                       "held-out fact (training-fact and contrast splits: a third as many)", group=AXIS)
-    cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses", group=AXIS, axes=("sycophancy",))
+    cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses",
+                      group=AXIS, axes=("sycophancy",))
     heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
                          group=AXIS, axes=("safety",))
     judge: str = opt("keyword", "safety: who grades responses: keyword (each fact's keywords), llm (the SAGE rubric "
@@ -274,13 +277,17 @@ class AxisOptions(ExecConfig):
                      "$OPCT_JUDGE_API_KEY) or local (--judge-model: a local chat model); jailbreak: the refusal "
                      "judge always, llm adds the StrongREJECT rubric through --judge-url",
                      choices=["keyword", "llm", "local"], group=AXIS, axes=("safety", "jailbreak"))
-    judge_url: str = opt("", "safety, --judge llm: the endpoint's base URL, e.g. http://127.0.0.1:8000/v1", group=AXIS, axes=("safety", "jailbreak"))
+    judge_url: str = opt("", "safety, --judge llm: the endpoint's base URL, e.g. http://127.0.0.1:8000/v1",
+                         group=AXIS, axes=("safety", "jailbreak"))
     judge_model: str = opt("", "safety, --judge llm/local: the judge model's name (llm) or alias/dir/Hub id (local)",
                            group=AXIS, axes=("safety", "jailbreak"))
     eval_source: str = opt("harmbench+strongreject", "jailbreak: evaluation behaviours (--source: training "
-                           "behaviours, default advbench); see opct.data.harmful.load_behaviours", group=AXIS, axes=("jailbreak",))
-    pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour", group=AXIS, axes=("jailbreak",))
-    n_benign: int = opt(24, "jailbreak: benign look-alike prompts for over-refusal (never trained on)", group=AXIS, axes=("jailbreak",))
+                           "behaviours, default advbench); see opct.data.harmful.load_behaviours",
+                           group=AXIS, axes=("jailbreak",))
+    pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour",
+                                   group=AXIS, axes=("jailbreak",))
+    n_benign: int = opt(24, "jailbreak: benign look-alike prompts for over-refusal (never trained on)",
+                        group=AXIS, axes=("jailbreak",))
     benign_share: float = opt(0.25, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
                               "as target) in the SFT baseline's pairs; 0 = none", group=AXIS, axes=("jailbreak",))
     attack_samples: int = opt(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
@@ -288,7 +295,8 @@ class AxisOptions(ExecConfig):
     eval_max_new_tokens: int = opt(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
                                    group=AXIS, axes=("jailbreak",))
     judge_constrained: bool = opt(False, "jailbreak, --judge llm: ask the server (vLLM) to decode the StrongREJECT "
-                                  "rubric's answer layout (for small judges that ignore it)", group=AXIS, axes=("jailbreak",))
+                                  "rubric's answer layout (for small judges that ignore it)",
+                                  group=AXIS, axes=("jailbreak",))
     max_new_tokens: int = opt(16, "response tokens: OPCT samples, SFT targets, and generated eval responses "
                               "(safety)", group=AXIS)
     seed: int = opt(0, "seed for the data split, perturbations and sampling", group=AXIS)

@@ -3,8 +3,8 @@
 Sampling runs the model's own forward with a KV cache under explicit settings (`sampling.decode_loop`); scoring
 runs prompt + response in one forward and takes log-softmax in float32. Two decode accelerations apply where they
 can, each behind its own setting: on CUDA, decode steps replayed as CUDA graphs (static_decode.py, `cuda_graphs`),
-and training rollouts sampled from a merged-LoRA copy (merged_decode.py, `merged_decode`, `decode_dtype`). Every other backend is tested against
-this one (same log-probs, losses and gradients on the same tokens).
+and training rollouts sampled from a merged-LoRA copy (merged_decode.py, `merged_decode`, `decode_dtype`). Every
+other backend is tested against this one (same log-probs, losses and gradients on the same tokens).
 """
 
 from __future__ import annotations
