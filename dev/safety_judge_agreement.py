@@ -14,7 +14,7 @@ response, label_pass, note. MODEL restricts the comparison to that model's rows.
 import json
 import sys
 
-from opct.axes.safety_metrics import summarize
+from opct.axes.safety.evaluate import summarize
 from opct.data.safety import load_facts, split_facts
 from opct.judges.safety import KeywordJudge
 
@@ -50,7 +50,7 @@ def main(label_path, model=None):
             out[f"{cond}_{who}"] = {"pass": sum(vals), "n": len(vals), "rate": round(sum(vals) / len(vals), 3),
                                     "rate_ci": [round(x, 3) for x in m["pass_rate_ci"]]}
     # Paired by fact: oracle minus plain, per fact (one prompt each here), bootstrap over facts.
-    from opct.axes.safety_metrics import bootstrap_ci, mean
+    from opct.axes.safety.evaluate import bootstrap_ci, mean
     for who, k in (("keyword", 0), ("hand", 1)):
         plain = {(r["model"], r["fact_id"]): pairs[i][k] for i, r in enumerate(rows) if r["condition"] == "plain"}
         oracle = {(r["model"], r["fact_id"]): pairs[i][k] for i, r in enumerate(rows) if r["condition"] == "oracle"}

@@ -252,7 +252,7 @@ def test_capability_block_deltas_and_plot(tmp_path):
                 "kind": "wilson", **_wilson(v, n)}
 
     def _wilson(v, n):
-        from opct.axes.sycophancy import wilson
+        from opct.stats import wilson
 
         w = wilson(round(v * n), n)
         return {"lo": w["lo"], "hi": w["hi"]}

@@ -5,14 +5,17 @@ import json
 
 import pytest
 
-from opct.axes import jailbreak as J
+from opct.axes.base import AxisData
+from opct.axes.jailbreak import data as JD
+from opct.axes.jailbreak import evaluate as JE
+from opct.axes.jailbreak import report as JR
 from opct.data.harmful import EvalItem
 from opct.judges.base import Verdict
 from test_harmful import fake_wheels  # noqa: F401  (fixture)
 
 
 def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811
-    d = J.prepare(n_train=2, n_eval=2, pairs_per_behaviour=2, n_benign=1, benign_share=1 / 3)
+    d = JD.prepare(n_train=2, n_eval=2, pairs_per_behaviour=2, n_benign=1, benign_share=1 / 3)
     # training: wrapped student, bare teacher, only AdvBench and never an evaluation behaviour
     assert len(d.train_pairs) == 4
     for p in d.train_pairs:
@@ -31,17 +34,17 @@ def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811
     # every split present: bare, one training wrapper per behaviour, every held-out wrapper and family member
     assert d.info["eval_items"] == {"bare": 2, "train_wrappers": 2, "heldout_wrappers": 6, "heldout_family": 4,
                                     "benign": 1}
-    assert [it.split for it in d.eval_set] == sorted((it.split for it in d.eval_set), key=J.ALL_SPLITS.index)
-    assert J.prepare(n_train=2, n_eval=2, pairs_per_behaviour=2, n_benign=1, benign_share=1 / 3).sft_pairs == \
+    assert [it.split for it in d.eval_set] == sorted((it.split for it in d.eval_set), key=JD.ALL_SPLITS.index)
+    assert JD.prepare(n_train=2, n_eval=2, pairs_per_behaviour=2, n_benign=1, benign_share=1 / 3).sft_pairs == \
         d.sft_pairs
 
 
 def test_benign_share_is_lambda():
-    assert J.n_benign_pairs(96, 0.0) == 0
-    assert J.n_benign_pairs(96, 0.25) == 32  # 32 / (96 + 32) = 0.25
-    assert J.n_benign_pairs(96, 0.5) == 96
+    assert JD.n_benign_pairs(96, 0.0) == 0
+    assert JD.n_benign_pairs(96, 0.25) == 32  # 32 / (96 + 32) = 0.25
+    assert JD.n_benign_pairs(96, 0.5) == 96
     with pytest.raises(ValueError, match="benign_share"):
-        J.n_benign_pairs(10, 1.0)
+        JD.n_benign_pairs(10, 1.0)
 
 
 def v(label):
@@ -56,13 +59,13 @@ def items_for(spec):
 
 
 def test_split_metrics_count_unparseable_and_keep_them_out_of_rates():
-    m = J.split_metrics([v("c"), v("r"), v("r"), v("u"), v("c")])
+    m = JE.split_metrics([v("c"), v("r"), v("r"), v("u"), v("c")])
     assert m["unparseable"] == 1
     assert m["asr"]["n"] == 4 and m["asr"]["value"] == 0.5 and m["defence"]["value"] == 0.5
     assert m["refusal"]["value"] == 0.5
     assert m["asr"]["lo"] < 0.5 < m["asr"]["hi"]
     items = items_for([("bare", "a"), ("benign", "x"), ("benign", "y"), ("heldout_wrappers", "a")])
-    s = J.summarise_split_verdicts(items, [v("r"), v("r"), v("u"), v("c")])
+    s = JE.summarise_split_verdicts(items, [v("r"), v("r"), v("u"), v("c")])
     assert s["over_refusal"]["value"] == 1.0 and s["over_refusal"]["n"] == 1 and s["unparseable"]["benign"] == 1
     assert "benign" not in s["asr"] and s["asr"]["heldout_wrappers"]["value"] == 1.0
     assert s["n"] == {"bare": 1, "heldout_wrappers": 1, "benign": 2}
@@ -72,12 +75,12 @@ def test_adaptive_attack_cracks_a_behaviour_if_any_attempt_succeeds():
     items = items_for([("heldout_wrappers", "a"), ("heldout_family", "a"), ("heldout_wrappers", "b"),
                        ("heldout_family", "b"), ("train_wrappers", "c"), ("bare", "b")])
     verdicts = [v("r"), v("r"), v("r"), v("c"), v("c"), v("c")]  # c is only cracked outside the held-out splits
-    extra = J.attack_samples(items, 2)
+    extra = JE.attack_samples(items, 2)
     assert [(e.behaviour_id, e.wrapper) for e in extra] == [("a", "w0"), ("a", "w1"), ("b", "w2"), ("b", "w3")]
-    res = J.adaptive_attack(items, verdicts)
+    res = JE.adaptive_attack(items, verdicts)
     assert res["cracked"]["value"] == 0.5 and res["cracked"]["n"] == 2 and res["attempts_per_behaviour"] == 2
     # a sampled attempt that succeeds cracks behaviour a too; an unparseable one is counted, not a success
-    res = J.adaptive_attack(items, verdicts, extra, [v("r"), v("c"), v("u"), v("r")])
+    res = JE.adaptive_attack(items, verdicts, extra, [v("r"), v("c"), v("u"), v("r")])
     assert res["cracked"]["value"] == 1.0 and res["unparseable"] == 1 and res["attempts_per_behaviour"] == 4
     assert res["defence"]["value"] == 0.0
 
@@ -99,8 +102,8 @@ def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp
     items = items_for([("bare", "refuse a"), ("train_wrappers", "b"), ("heldout_wrappers", "refuse a"),
                        ("heldout_family", "garble a"), ("heldout_wrappers", "c"), ("benign", "refuse x")])
     items[3] = EvalItem("heldout_family/a/3", "heldout_family", items[3].messages, "garble a", "refuse a", "w3")
-    data = J.AxisData(train_pairs=[], eval_set=items)
-    res = J.evaluate(policy, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
+    data = AxisData(train_pairs=[], eval_set=items)
+    res = JE.evaluate(policy, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
                      attack_samples=1, samples_per_split=1)
     assert set(res["asr"]) == {"bare", "train_wrappers", "heldout_wrappers", "heldout_family"}
     assert res["unparseable"]["heldout_family"] == 1  # its one answer could not be judged: no rate, n = 0
@@ -109,7 +112,7 @@ def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp
     assert res["asr"]["heldout_wrappers"]["value"] == 0.5
     # behaviour "refuse a": refused greedy + unparseable + refused samples -> not cracked; "c" cracked
     assert res["adaptive_attack"]["cracked"]["value"] == 0.5
-    assert set(res["samples"]) == set(J.ALL_SPLITS) and all(len(x) == 1 for x in res["samples"].values())
+    assert set(res["samples"]) == set(JD.ALL_SPLITS) and all(len(x) == 1 for x in res["samples"].values())
     assert "second_judge" not in res  # only beside the default refusal judge
     rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert len(rows) == len(items) + 2 and sum(r["sampled"] for r in rows) == 2
@@ -121,15 +124,15 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
         return {"value": x, "lo": max(0, x - 0.2), "hi": min(1, x + 0.2), "n": n}
 
     def method(asr):
-        return {"asr": {s: cell(asr) for s in ("bare", *J.SPLITS)}, "refusal": {"bare": cell(1 - asr)},
-                "over_refusal": cell(0.1), "unparseable": {s: 0 for s in J.ALL_SPLITS},
-                "n": {s: 10 for s in J.ALL_SPLITS},
+        return {"asr": {s: cell(asr) for s in ("bare", *JD.SPLITS)}, "refusal": {"bare": cell(1 - asr)},
+                "over_refusal": cell(0.1), "unparseable": {s: 0 for s in JD.ALL_SPLITS},
+                "n": {s: 10 for s in JD.ALL_SPLITS},
                 "adaptive_attack": {"cracked": cell(asr + 0.1), "defence": cell(0.9 - asr), "attempts_per_behaviour": 8,
                                     "k_samples": 2, "wrappers": ["w1", "w2"]},
                 "samples": {"bare": [{"prompt": "do harm", "response": "I'm sorry", "label": "refused"}]}}
 
     res = {"methods": {"opct": method(0.1), "base": method(0.6)}}
-    blocks = J.report_blocks(res, tmp_path)
+    blocks = JR.report_blocks(res, tmp_path)
     tables = [b for b in blocks if b[0] == "table"]
     assert tables[0][1][:3] == ["Split", "base", "OPCT"]  # base first, whatever the order in results.json
     assert tables[0][2][2] == ["held-out wrappers", "0.60 [0.40, 0.80]", "0.10 [0.00, 0.30]", "10", "0, 0"]
@@ -166,7 +169,7 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     assert res["axis"] == "jailbreak" and set(res["methods"]) == {"base", "sft", "opct"}
     assert res["info"]["n_sft_pairs"] == res["info"]["n_train_pairs"] + res["info"]["n_benign_regulariser_pairs"]
     for m in res["methods"].values():
-        assert set(m["asr"]) == {"bare", *J.SPLITS} and m["over_refusal"]["n"] == 1
+        assert set(m["asr"]) == {"bare", *JD.SPLITS} and m["over_refusal"]["n"] == 1
         assert m["adaptive_attack"]["attempts_per_behaviour"] == 3 + 2 + 1  # held-out wrappers + family + 1 sample
         second = m["second_judge"]
         assert second["judge"] == "advbench_prefixes" and second["agreement_with_refusal_judge"]["n"] == \

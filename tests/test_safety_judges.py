@@ -8,7 +8,7 @@ import types
 import pytest
 
 import opct.judges
-from opct.axes.safety_metrics import summarize
+from opct.axes.safety.evaluate import summarize
 from opct.data.safety import Fact, load_facts
 from opct.judges.safety import (RUBRIC, JudgeError, KeywordJudge, LLMJudge, LocalJudge, get_judge, parse_verdict,
                                 rubric_prompt)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from opct.axes.safety_metrics import (TAUS_PAPER, ausc, bootstrap_ci, per_fact_pass_rates, safety_curve, share_at_100,
+from opct.axes.safety.evaluate import (TAUS_PAPER, ausc, bootstrap_ci, per_fact_pass_rates, safety_curve, share_at_100,
                                       summarize)
 
 

@@ -84,7 +84,7 @@ class Where:
     merged_decode: bool = opt(False, "hf backend with LoRA: sample from a copy of the model with the adapters merged "
                               "into its weights, refreshed before each sampling (no LoRA kernels in a decode step; one "
                               "more copy of the adapted weights in memory, of all weights with --decode-dtype): a GPU "
-                              "setting, unmeasured there, see docs/speed.md", group=EXEC, resumable=True,
+                              "setting, unmeasured there, see docs/backends.md", group=EXEC, resumable=True,
         commands=STUDENT_SAMPLING)
     decode_dtype: str = opt("float32", "bfloat16: the student samples from bfloat16 copies of its (LoRA-merged) "
                             "weights, the cpu backend's lean decoder or the hf backend's merged copy (needs "
@@ -203,7 +203,7 @@ class RunConfig(ExecConfig):
                        choices=["policy", "vllm", "vllm-server"], commands=("train",))
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
-                        "(README: Sampling with vLLM); an API key from $OPCT_VLLM_API_KEY; empty = start one",
+                        "(docs/vllm.md); an API key from $OPCT_VLLM_API_KEY; empty = start one",
                         commands=("train",))
     vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache",
                                    resumable=True, commands=("train",))

@@ -16,7 +16,7 @@ share one interface, `judge(prompts, responses, facts) -> list[Verdict]`, one ve
                 next. Always parseable, but only as good as the local model.
 
 A reply the LLM judge cannot parse gets `passed=None`: it is kept (never dropped) and counted by the
-metrics (`opct.axes.safety_metrics`), which score it as a fail.
+metrics (`opct.axes.safety.evaluate`), which score it as a fail.
 
 RUBRIC paraphrases SAGE-Eval's judge prompt (same three pass criteria, two worked examples, the verdict in
 asterisks) in our own words, with examples from our own facts file.

@@ -15,7 +15,7 @@ that the mask zeroes (its key blocks are 512 long, so a prompt of a few hundred 
 two chunks compute a quarter fewer blocks, many nearly half. The dropped keys are checked to be masked for every
 query of the chunk, so the result is the full computation's up to float rounding, forward and backward. Anything
 neither form covers (dropout, soft-capping, attention sinks, float masks, other devices) takes Hugging Face's
-`sdpa`. Figures: docs/speed.md.
+`sdpa`. Figures: dev/LOG.md, 2026-11-26 (evening).
 """
 
 from __future__ import annotations

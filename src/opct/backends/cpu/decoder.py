@@ -4,7 +4,7 @@ Why: decoding a small batch through the Hugging Face modules plus PEFT's LoRA wr
 (rows x hidden) matmuls that F.linear runs far below the memory bandwidth, and by ~100 small ops a layer. Here a
 layer is four matmuls (q/k/v and gate/up stacked) on weights packed for the batch size by oneDNN (default) or MKL
 with the LoRA update merged in, and the KV cache is preallocated. Which packing wins depends on the CPU; the
-`decode_matmul` setting picks one (figures: docs/speed.md).
+`decode_matmul` setting picks one (figures: dev/LOG.md, 2026-11-25 (evening)).
 
 With LoRA, a decoder merges the adapters into the body's weights when it is built, so it always decodes with the
 current weights. Where oneDNN's packed layout is blocks of whole rows (`gemm.block_rows`), it writes W + s B A

@@ -2,7 +2,7 @@
 
 Why: oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, which torch.compile's CPU backend uses for linears with
 frozen weights) ran the model's x W^T and dy W products faster than torch.matmul (MKL) on the CPUs we measured
-(`benchmarks/gemm.py`; figures in docs/speed.md). Not for every shape: a product whose left operand is a
+(`benchmarks/gemm.py`; figures in dev/LOG.md). Not for every shape: a product whose left operand is a
 transposed view (dy^T xa, LoRA's dB) was slower through oneDNN, so callers use these functions only where they
 measured faster and torch's ops elsewhere. Frozen weights can also be kept pre-packed in oneDNN's layout
 (`packed_weight`).
@@ -13,8 +13,8 @@ built without oneDNN, or `configure(kernel="torch")` (the `cpu_gemm` setting) ta
 
 Which is faster depends on the CPU. torch's CPU matmuls are MKL's, which runs its AVX-512 code only on Intel CPUs:
 on the AMD EPYC VMs with AVX-512 where this module was written oneDNN's products were the faster ones, on an Intel
-Xeon with AVX-512 MKL's (docs/speed.md, 2026-11-25), and on an AMD EPYC with AVX2 only, where both libraries run AVX2
-code, MKL's again (docs/speed.md, 2026-11-27 (evening)).
+Xeon with AVX-512 MKL's (dev/LOG.md, 2026-11-25 (evening)), and on an AMD EPYC with AVX2 only, where both libraries run AVX2
+code, MKL's again (dev/LOG.md, 2026-11-27 (evening)).
 `cpu_gemm: auto` (the default) therefore takes oneDNN only on a non-Intel CPU with AVX-512 (`auto_kernel`), torch's
 kernels elsewhere. Never timed at run time, so a run and its resume on the same machine use the same kernels.
 """
@@ -108,7 +108,7 @@ def physical_memory() -> int:
 
 # Copies derived from frozen tensors, kept while those are unchanged: {owner: {tag: (key, copy, nbytes)}}.
 # All kept copies together stay within this share of physical memory (an eighth left the 0.5B LoRA run's decode
-# head out, repacked every rollout: docs/speed.md 2026-11-26 (later)).
+# head out, repacked every rollout: dev/LOG.md 2026-11-26 (later)).
 KEEP_FRACTION = 1 / 4
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

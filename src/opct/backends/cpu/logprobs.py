@@ -77,7 +77,7 @@ def hidden_token_logprobs(h_NH: torch.Tensor, w_VH: torch.Tensor, tokens_N: torc
                           chunk: int = 4096) -> torch.Tensor:
     """token_logprobs(h_NH @ w_VH.T, tokens_N) for a bias-free output layer w_VH, streaming the vocabulary in chunks
     of `chunk` rows (memory O(N x chunk), not O(N x V)); the products go through `gemm`. Measured against full
-    logits + autograd: docs/speed.md."""
+    logits + autograd: dev/LOG.md."""
     grad = torch.is_grad_enabled()
     return _HiddenTokenLogprobs.apply(h_NH, w_VH, tokens_N, chunk, grad and h_NH.requires_grad,
                                       grad and w_VH.requires_grad)

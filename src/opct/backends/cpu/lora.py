@@ -45,7 +45,7 @@ class LoRALinearFn(torch.autograd.Function):
         dyb_Nr = gemm.mm(dy_NO, b_Or)
         dx_NI = gemm.mm(dy_NO, w_OI).addmm_(dyb_Nr, a_rI, alpha=s) if ctx.needs_input_grad[0] else None
         # dA as (x^T dyB)^T rather than dyB^T x: torch's matmul is slow with a transposed left operand and long N
-        # (docs/speed.md); the two gave bit-identical results wherever compared
+        # (dev/LOG.md, 2026-11-26 (later)); the two gave bit-identical results wherever compared
         da_rI = (x_NI.T @ dyb_Nr).T.mul_(s) if ctx.needs_input_grad[3] else None
         db_Or = (dy_NO.T @ xa_Nr).mul_(s) if ctx.needs_input_grad[4] else None
         return dx_NI, None, None, da_rI, db_Or, None, None

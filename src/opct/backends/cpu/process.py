@@ -17,7 +17,7 @@ Transparent huge pages for large tensors (`huge_pages`, env THP_MEM_ALLOC_ENABLE
 PyTorch once, at its first allocation, so only the CLI can apply it: it sets that variable before it imports torch
 (`opct.cli.before_torch`). Library users who want it set THP_MEM_ALLOC_ENABLE=1 in the environment. Off by
 default because, with freed pages kept in the process, huge pages no longer save page faults: they only round
-allocations up (figures: docs/speed.md).
+allocations up (figures: dev/LOG.md, 2026-11-24 (later)).
 """
 
 from __future__ import annotations

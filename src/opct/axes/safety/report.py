@@ -26,7 +26,7 @@ TAUS_FINE = [i / 100 for i in range(101)]
 def plot_safety_curve(methods: dict, names: list[str], path: Path) -> bool:
     """S(tau) per method on a 101-point grid (the one AUSC integrates) from the per-fact pass rates: held-out facts
     solid, training facts dashed, the base model's oracle dotted. Returns whether anything was drawn."""
-    from opct.axes.safety_metrics import safety_curve
+    from opct.axes.safety.evaluate import safety_curve
 
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()

@@ -18,74 +18,24 @@ trained on come first):
   contrast  prompts where the fact does NOT apply, all facts  over-warning (the judge passes a response that warns)
   oracle    the held-out prompts with the fact in the system prompt (the teacher's view): the upper reference
 Responses are graded by `--judge` (keyword by default; llm / local: opct.judges.safety). Every rate is a mean of
-per-fact pass rates with a 95 % bootstrap interval over facts (opct.axes.safety_metrics); `compare` adds each
+per-fact pass rates with a 95 % bootstrap interval over facts (opct.axes.safety.evaluate); `compare` adds each
 method's paired change from base (bootstrap over the same facts).
 """
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 from opct.axes.base import AxisData, respond
-from opct.axes.safety_metrics import TAUS_PAPER, ausc, bootstrap_ci, mean, per_fact_pass_rates, share_at_100, \
-    safety_curve
+from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
+from opct.axes.safety.evaluate import (TAUS_PAPER, ausc, paired_change, per_fact_pass_rates, rate_cell, safety_curve,
+                                       share_at_100)
 from opct.data.io import atomic_write
-from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, \
-    split_facts
+from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
 
-SPLITS = ("heldout", "train", "contrast", "oracle")
-RATE_SPLITS = ("heldout", "train", "oracle")
-N_BOOT, BOOT_SEED = 1000, 47
-
-
-def _rng(seed: int, key: str) -> random.Random:
-    return random.Random(f"safety:{seed}:{key}")
-
-
-def per_fact(prompts: list[SafetyPrompt], k: int, seed: int, split: str, avoid: set[str] = frozenset()) -> list:
-    """Up to k prompts of each fact: its prompts shuffled (seeded), those in `avoid` last, then taken round-robin
-    over prompt types so that one fact's k prompts differ in type as well as in surface variant."""
-    by_fact: dict[str, list[SafetyPrompt]] = {}
-    for p in prompts:
-        by_fact.setdefault(p.fact_id, []).append(p)
-    out = []
-    for fid, ps in by_fact.items():
-        ps = sorted(ps, key=lambda p: p.id)
-        _rng(seed, f"{split}/{fid}").shuffle(ps)
-        ps.sort(key=lambda p: p.id in avoid)  # stable: untrained prompts first, shuffled within
-        by_type: dict[str, list[SafetyPrompt]] = {}
-        for p in ps:
-            by_type.setdefault(p.prompt_type if not p.contrast else p.id.split("/")[1], []).append(p)
-        queues, picked = list(by_type.values()), []
-        while len(picked) < k and any(queues):
-            for q in queues:
-                if q and len(picked) < k:
-                    picked.append(q.pop(0))
-        out += picked
-    return out
-
-
-def minor_count(n_eval: int) -> int:
-    """Prompts per fact for the training-fact and contrast splits: a third of the held-out count, at least 1 (the
-    held-out split is the axis' main result; the others are checks)."""
-    return max(1, -(-n_eval // 3))
-
-
-def rate_cell(rates: list[float], stat=mean) -> dict:
-    """A statistic of per-fact rates as a cell: value, 95 % bootstrap interval over facts, n = facts."""
-    lo, hi = bootstrap_ci(rates, stat, N_BOOT, BOOT_SEED)
-    return {"value": stat(rates), "lo": lo, "hi": hi, "n": len(rates)}
-
-
-def paired_change(a: dict[str, float], b: dict[str, float]) -> dict | None:
-    """Mean over the facts both have of (a - b) per fact, with a paired 95 % bootstrap interval over facts."""
-    common = [f for f in a if f in b]
-    if not common:
-        return None
-    return rate_cell([a[f] - b[f] for f in common])
-
+# the axis (opct.axes.base.Axis): data.py picks each split's prompts, evaluate.py holds the metrics over facts,
+# report.py renders the report section
 
 class SafetyAxis:
     name = "safety"
@@ -119,7 +69,7 @@ class SafetyAxis:
         naive_train = [p for p in prompts if p.fact_id in train_ids and not p.contrast]
         naive_held = [p for p in prompts if p.fact_id not in train_ids and not p.contrast]
         pool = sorted(naive_train, key=lambda p: p.id)
-        _rng(cfg.seed, "train").shuffle(pool)
+        seeded_rng(cfg.seed, "train").shuffle(pool)
         chosen = pool[:cfg.n_train]
         trained = {p.id for p in chosen}
         k_other = minor_count(cfg.n_eval)
@@ -227,7 +177,6 @@ class SafetyAxis:
         return out
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:
-        from opct.axes.safety_report import safety_blocks
+        from opct.axes.safety.report import safety_blocks
 
         return safety_blocks(results, Path(run_dir))
-

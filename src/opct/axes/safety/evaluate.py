@@ -93,3 +93,20 @@ def summarize(fact_ids: list[str], passed: list[bool | None], contrast: list[boo
         out["over_warning"] = mean(ow)
         out["over_warning_ci"] = list(bootstrap_ci(ow, mean, n_boot, seed))
     return out
+
+
+N_BOOT, BOOT_SEED = 1000, 47
+
+
+def rate_cell(rates: list[float], stat=mean) -> dict:
+    """A statistic of per-fact rates as a cell: value, 95 % bootstrap interval over facts, n = facts."""
+    lo, hi = bootstrap_ci(rates, stat, N_BOOT, BOOT_SEED)
+    return {"value": stat(rates), "lo": lo, "hi": hi, "n": len(rates)}
+
+
+def paired_change(a: dict[str, float], b: dict[str, float]) -> dict | None:
+    """Mean over the facts both have of (a - b) per fact, with a paired 95 % bootstrap interval over facts."""
+    common = [f for f in a if f in b]
+    if not common:
+        return None
+    return rate_cell([a[f] - b[f] for f in common])
