@@ -124,7 +124,7 @@ class BusyLoop:
     `new_session` (default): the loop runs in a session of its own (setsid), like another user's job. Under
     autogroup scheduling (Linux's default, /proc/sys/kernel/sched_autogroup_enabled) nice only orders processes
     within one session, so such a loop takes its core whatever its nice value; in the benchmark's own session
-    (`new_session=False`) nice 19 makes it yield to the benchmark (docs/speed.md, "a busy machine")."""
+    (`new_session=False`) nice 19 makes it yield to the benchmark (dev/LOG.md, 2026-11-24: a busy machine, and the thread policy)."""
 
     def __init__(self, core: int | None = None, seed: int = 0, new_session: bool = True):
         self.core = (os.cpu_count() or 1) - 1 if core is None else core

@@ -4,7 +4,7 @@ each row's unpadded part with `is_causal=True` (the CPU flash kernel then skips 
 
     python dev/attention_causal_ab.py [--positions 470] [--heads 9 --kv-heads 3 --head-dim 64]
 
-Figures in docs/speed.md (2026-11-24 evening).
+Figures in dev/LOG.md (2026-11-24 evening).
 """
 
 import argparse

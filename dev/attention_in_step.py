@@ -7,7 +7,7 @@ Runs STEPS steps of the benchmark workload (`benchmarks/step.py`'s) in one proce
 attention calls past `attention.MAX_SCORES` (shorter ones keep the matmul form); each prompt batch and sampling seed
 runs once under each. Every such call is timed, forward and backward (the backward through torch.autograd.grad on
 the call's own graph), and each step prints one JSON line: step seconds, the attention seconds, the calls.
-Used for docs/speed.md (2026-11-26, evening).
+Used for dev/LOG.md (2026-11-26, evening).
 """
 import json
 import sys

@@ -7,7 +7,7 @@ Each step prints its wall time, minor/major page faults, context switches and us
 counted at the end of each optimizer step; step 1's counts include loading the model), so the cold steps that fault
 in fresh memory show next to the warm ones.
 With --profile, torch.profiler records the steps after --skip and prints the ops by self time, then grouped by input
-shape. Used for the long-prompt profile in docs/speed.md (2026-11-24 evening).
+shape. Used for the long-prompt profile in dev/LOG.md (2026-11-24 evening).
 """
 
 from __future__ import annotations
