@@ -43,7 +43,7 @@ if [ "${1:-}" = decode ]; then
     # weights, issue 22 acceptance 1's flags, training float32) as it is, with merged_decode, and with merged_decode
     # and decode_dtype bfloat16 (what TRL's colocated vLLM samples from), each a fresh process.
     random_model qwen || exit 1
-    python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_static_decode.py tests/test_merged_decode.py \
+    python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/backends/test_static_decode.py tests/backends/test_merged_decode.py \
         2>&1 | tail -5
     i=0 rc=0
     for sets in "" "--set merged_decode=true" "--set merged_decode=true --decode-dtype bfloat16"; do
@@ -62,7 +62,7 @@ for m in qwen smol; do random_model "$m" || exit 1; done
 # The GPU tests (CUDA graph decode against launch-by-launch; training on cuda), then the new axes' configuration
 # (acceptance 1's flags), then the original SmolLM2 one unless SMOL_BEFORE_S seconds have passed; each summary is
 # written when its run ends, so a run cut short still returns the first.
-python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_static_decode.py tests/test_devices.py 2>&1 | tail -5
+python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/backends/test_static_decode.py tests/backends/test_devices.py 2>&1 | tail -5
 python3 benchmarks/vs_trl.py --model /tmp/qwen --device cuda --batch 8 --prompt-tokens 400 --max-new-tokens 128 \
     --lora-rank 32 --rounds 2 --steps 3 --warmup 1 --vary-seed --out "$OUT/vs_trl-gpu-qwen05b-random.json" >/dev/null \
     || exit 1

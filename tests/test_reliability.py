@@ -1,8 +1,8 @@
 """Issue 17 at the command line, one test per case: the exit status, a message that names the file, line or option
 and what is wrong, no traceback, and what is left on disk (nothing that looks finished, no litter).
 
-Fault injection (kill -9, a full disk) is in test_faults.py; the older per-case tests are in test_cli.py and
-test_train.py (the table in docs/reliability.md maps each case of the issue to its test)."""
+Fault injection (kill -9, a full disk) is in train/test_faults.py; the older per-case tests are in test_cli.py and
+train/test_train.py (the table in docs/reliability.md maps each case of the issue to its test)."""
 
 import dataclasses
 import json

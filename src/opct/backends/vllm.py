@@ -27,7 +27,7 @@ def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
 
 
 PROBE = "Water boils at 100 degrees Celsius at sea level, and the capital of France is Paris."
-SAME_MODEL_GAP = 0.25  # nats a token; the same weights in float32: < 1e-4 (tests/test_vllm_sampler.py)
+SAME_MODEL_GAP = 0.25  # nats a token; the same weights in float32: < 1e-4 (tests/backends/test_vllm_sampler.py)
 
 
 def model_gap(policy: "VLLMPolicy") -> float:

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from opct.backends.cpu import attention
-from conftest import cpu_model
+from tests.conftest import cpu_model
 from opct.backends.batching import left_pad
 
 PROMPTS = [[1, 5, 9, 13, 2, 7], [4, 4, 8], [3, 11, 6, 10, 12, 14, 15, 16, 17]]

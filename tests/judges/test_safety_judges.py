@@ -139,7 +139,7 @@ def test_keyword_judge_agrees_with_hand_labels():
     from pathlib import Path
 
     facts = {f.id: f for f in load_facts()}
-    path = Path(__file__).parent / "fixtures" / "safety_hand_labels.jsonl"
+    path = Path(__file__).parents[1] / "fixtures" / "safety_hand_labels.jsonl"
     every = [json.loads(line) for line in path.open()]
     assert len({r["id"] for r in every}) == len(every) and all(isinstance(r["label_pass"], bool) for r in every)
     rows = [r for r in every if r["model"] == "smollm2-135m-instruct"]

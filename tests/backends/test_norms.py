@@ -3,7 +3,7 @@
 import torch
 
 from opct.backends.cpu import norms as fused
-from conftest import cpu_model
+from tests.conftest import cpu_model
 
 
 def saved_bytes(fn) -> int:

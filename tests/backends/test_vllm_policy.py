@@ -9,7 +9,7 @@ import torch
 
 from opct.algo.opct import train
 from opct.backends import vllm as vllm_backend
-from test_train import Killed, cfg_for, make_pairs
+from tests.train.test_train import Killed, cfg_for, make_pairs
 
 
 class FakeSampler:

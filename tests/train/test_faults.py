@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from faults import ForkServer
+from tests.faults import ForkServer
 from opct.cli import main
 
 

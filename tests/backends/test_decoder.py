@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import lora_model
+from tests.conftest import lora_model
 from opct.backends.cpu.decoder import LeanDecoder, unsupported_reason
 from opct.models import load_model
 from opct.data.pairs import render_prompt
@@ -181,7 +181,7 @@ def test_lora_body_is_merged_in_place_into_kept_packed_weights(tmp_path, dtype):
     whose buffers are bfloat16 in their own layout)."""
     from opct.backends.cpu import decoder, gemm
 
-    from conftest import make_tiny_model
+    from tests.conftest import make_tiny_model
 
     torch_dtype = getattr(torch, dtype)
     if not gemm.onednn_works(torch_dtype):

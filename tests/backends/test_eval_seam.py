@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import policy_of
+from tests.conftest import policy_of
 
 from opct.backends.sampling import SamplingSettings
 from opct.data.pairs import render_prompt

@@ -3,7 +3,7 @@ import re
 
 import pytest
 import torch
-from conftest import policy_of
+from tests.conftest import policy_of
 
 from opct import stats
 from opct.axes.sycophancy import data as SD

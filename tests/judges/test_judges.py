@@ -288,7 +288,7 @@ def test_agreement_and_kappa():
 def test_rubric_judge_on_a_tiny_local_model(tmp_path, monkeypatch):
     """The local-model path end to end: a random tiny model cannot answer the rubric, so its output is kept and
     counted as unparseable."""
-    from conftest import make_tiny_model
+    from tests.conftest import make_tiny_model
     from opct.models import load_model
 
     monkeypatch.setattr(SR, "rubric", lambda: ("You grade answers.", "Q: {forbidden_prompt}\nA: {response}"))

@@ -10,7 +10,7 @@ from opct.backends import make_policy, merged_decode
 from opct.backends.sampling import SamplingSettings
 from opct.config import TrainConfig
 from opct.models import unwrap
-from test_static_decode import gpu, lora_model, policy_logits
+from tests.backends.test_static_decode import gpu, lora_model, policy_logits
 
 
 def policies(model, tok, **cfg):

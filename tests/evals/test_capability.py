@@ -217,7 +217,7 @@ def test_run_capability_smoke_on_a_tiny_model(smoke, fake_cache):
 
 def test_loaded_pair_and_adapter_dir_are_evaluated_as_given(smoke, fake_cache, tiny_model_dir, tmp_path):
     """A (model, tokenizer) pair gives the name's log-likelihoods; a PEFT adapter dir is base + adapter."""
-    from conftest import lora_model
+    from tests.conftest import lora_model
 
     from opct.evals.capability import run_capability
     from opct.models import load_model
@@ -302,7 +302,7 @@ def test_resolve_suite_and_format():
 
 def test_demo_capability_stage_and_report(fake_cache, tiny_model_dir, tmp_path):
     """`opct demo`'s capability stage: the base by name and a trained adapter by directory, then the report."""
-    from conftest import lora_model
+    from tests.conftest import lora_model
 
     from opct.config import DemoConfig
     from opct.demo import Stages, capability

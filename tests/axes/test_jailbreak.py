@@ -11,7 +11,7 @@ from opct.axes.jailbreak import evaluate as JE
 from opct.axes.jailbreak import report as JR
 from opct.data.harmful import EvalItem
 from opct.judges.base import Verdict
-from test_harmful import fake_wheels  # noqa: F401  (fixture)
+from tests.data.test_harmful import fake_wheels  # noqa: F401  (fixture)
 
 
 def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811
@@ -94,7 +94,7 @@ class HalfJudge:
 
 
 def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp_path):
-    from conftest import policy_of
+    from tests.conftest import policy_of
 
     from opct.models import load_model
 
@@ -143,7 +143,7 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
 
 @pytest.mark.parametrize("backend", ["hf", "cpu"])
 def test_shared_respond_is_batch_independent_and_seeded(tiny_model_dir, backend):
-    from conftest import policy_of
+    from tests.conftest import policy_of
 
     from opct.axes.base import respond
     from opct.models import load_model

@@ -305,7 +305,7 @@ def test_yaml_then_cli_precedence(tmp_path):
 
 def test_sft_trains_on_frozen_clean_answers(tiny_model_dir, tmp_path):
     from opct.data.pairs import render_prompt
-    from conftest import sample
+    from tests.conftest import sample
     from opct.backends.sampling import SamplingSettings
     from opct.algo.sft import train_sft
 

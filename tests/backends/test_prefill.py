@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from conftest import lora_model
+from tests.conftest import lora_model
 from opct.models import load_model
 from opct.data.pairs import render_prompt
-from conftest import response_logits, sample
+from tests.conftest import response_logits, sample
 from opct.backends.batching import build_batch
 from opct.backends.sampling import SamplingSettings, next_token
 
@@ -103,7 +103,7 @@ def test_sampling_frequencies_match_the_softmax():
 
 def test_response_forward_on_prefill_cache_equals_full_forward_with_gradients(tiny_model_dir):
     from opct.backends.cpu.prefill import prefill
-    from conftest import response_logits_after_prefill
+    from tests.conftest import response_logits_after_prefill
 
     model, tok = lora_model(tiny_model_dir, std=0.1)
     ps = prompts(tok)
@@ -142,7 +142,7 @@ def test_prompts_in_length_groups_give_the_one_batch_prefill_and_its_gradients(t
     import importlib
 
     from opct.backends.cpu.prefill import decode, prefill
-    from conftest import response_logits_after_prefill
+    from tests.conftest import response_logits_after_prefill
 
     prefill_module = importlib.import_module("opct.backends.cpu.prefill")
     model, tok = lora_model(tiny_model_dir, std=0.1)

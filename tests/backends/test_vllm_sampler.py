@@ -226,7 +226,7 @@ def test_opct_train_with_the_vllm_sampler_logs_kl_and_a_small_gap(model_dir, tmp
     cfg = TrainConfig(model="smollm2-135m-instruct", out=str(out), steps=3, prompts_per_step=4, micro_batch=4,
                       max_new_tokens=16, lora_rank=8, lora_alpha=16.0, save_every=0, report_to="none",
                       sampler="vllm", backend="hf", device="cpu")
-    pairs = load_pairs(Path(__file__).parent.parent / "examples" / "pairs.jsonl")
+    pairs = load_pairs(Path(__file__).parents[2] / "examples" / "pairs.jsonl")
     train(cfg, pairs=pairs, show_progress=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["kl"] == r["kl"] and r["sampler_logp_gap"] < 1e-4 for r in rows)
@@ -275,7 +275,7 @@ def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(m
         while unreachable(url, timeout=5) is not None:
             assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
             time.sleep(1)
-        pairs = load_pairs(Path(__file__).parent.parent / "examples" / "pairs.jsonl")
+        pairs = load_pairs(Path(__file__).parents[2] / "examples" / "pairs.jsonl")
         with pytest.raises(BackendError, match=r"it wants an API key: set \$OPCT_VLLM_API_KEY"):
             check_training(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=8), torch.float32, "hf")
         monkeypatch.setenv("OPCT_VLLM_API_KEY", "k3y")
@@ -319,7 +319,7 @@ def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pairs = Path(__file__).parent.parent / "examples" / "pairs.jsonl"
+    pairs = Path(__file__).parents[2] / "examples" / "pairs.jsonl"
     args = ["train", "--model", "smollm2-135m-instruct", "--pairs", str(pairs), "--steps", "2",
             "--prompts-per-step", "4", "--micro-batch", "4", "--max-new-tokens", "12", "--lora-rank", "8",
             "--save-every", "0", "--report-to", "none", "--sampler", "vllm", "--backend", "hf", "--device", "cpu",
@@ -365,7 +365,7 @@ def test_a_failed_run_or_an_unclosed_sampler_leaves_no_vllm_server_running(model
 
     env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
     before = servers()
-    pairs = Path(__file__).parent.parent / "examples" / "pairs.jsonl"
+    pairs = Path(__file__).parents[2] / "examples" / "pairs.jsonl"
     p = subprocess.run([sys.executable, "-m", "opct", "train", "--pairs", str(pairs), "--out", str(tmp_path / "run"),
                         "--steps", "2", "--prompts-per-step", "4", "--max-new-tokens", "4", "--lora-rank", "8",
                         "--sampler", "vllm-server", "--backend", "hf", "--device", "cpu", "--threads", "1",
