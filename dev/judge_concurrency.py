@@ -1,6 +1,6 @@
 """The safety rubric judge (`LLMJudge`) against a real `vllm serve`: requests one at a time vs several in flight.
 
-    python benchmarks/judge_concurrency.py --samples RUN/safety/samples/base.jsonl \\
+    python dev/judge_concurrency.py --samples RUN/safety/samples/base.jsonl \\
         --out benchmarks/results/judge_concurrency-DATE-MACHINE.json [--concurrency 1 8] [--repeats 2]
 
 Starts `vllm serve` from a separate vLLM venv (`--vllm-python`; settings of shared/research/vllm-cpu.md, as
@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import machine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from common import machine  # noqa: E402
 
-from opct.backends.vllm_sampler import start_server
-from opct.data.safety import load_facts
-from opct.judges.safety import LLMJudge
+from opct.backends.vllm_sampler import start_server  # noqa: E402
+from opct.data.safety import load_facts  # noqa: E402
+from opct.judges.safety import LLMJudge  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +60,7 @@ def main() -> None:
         server.close()
     ref = verdicts[a.concurrency[0]]
     best = {c: min(p["seconds"] for p in passes if p["concurrency"] == c) for c in a.concurrency}
-    out = {"command": "python benchmarks/judge_concurrency.py " + " ".join(f"--{k.replace('_', '-')} {v}"
+    out = {"command": "python dev/judge_concurrency.py " + " ".join(f"--{k.replace('_', '-')} {v}"
                                                                            for k, v in vars(a).items()),
            "samples": a.samples, "n_responses": len(rows), "judge_model": a.judge_model,
            "server": " ".join(server.cmd), "server_startup_seconds": round(startup, 1), "passes": passes,

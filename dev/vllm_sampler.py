@@ -1,7 +1,7 @@
 """The vLLM sampler on SmolLM2, in-process: seconds per sampling step (N prompts x T tokens) without and with LoRA,
 seconds per LoRA sync, and the sampler-vs-transformers log-prob gap on the sampled tokens.
 
-Run in the vLLM venv (.ci/vllm builds it):  nice -n 10 .venv-vllm/bin/python benchmarks/vllm_sampler.py
+Run in the vLLM venv (.ci/vllm builds it):  nice -n 10 .venv-vllm/bin/python dev/vllm_sampler.py
 Each step samples with a new seed; LoRA steps take a real optimizer step on the adapter and sync before sampling.
 """
 

@@ -1,8 +1,8 @@
-"""The StrongREJECT rubric answered by a local model, for real, on two outputs of benchmarks/jailbreak_wrappers.py (one
+"""The StrongREJECT rubric answered by a local model, for real, on two outputs of dev/jailbreak_wrappers.py (one
 bare refusal, one prefix-injection compliance). Qwen2.5-Coder-0.5B-Instruct as its own judge: shows the local path
 runs end to end and that an unparseable judge answer is kept and counted.
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/strongreject_local.py
+    OMP_NUM_THREADS=1 nice -n 10 python dev/strongreject_local.py
 """
 import json, time, torch
 torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """Check that opct's capability numbers are lm-eval's: run `run_capability` and the `lm_eval` CLI on the same model,
 tasks, limit and task configs, and print every metric side by side (full precision) with the wall time of each.
 
-    python benchmarks/capability_check.py --model smollm2-135m-instruct --tasks small --out benchmarks/results/x.json
+    python dev/capability_check.py --model smollm2-135m-instruct --tasks small --out benchmarks/results/x.json
 
 `--tasks` takes a suite name (opct.evals.capability.SUITES) or comma-separated lm-eval task names. With a suite,
 tasks with their own limit get their own lm_eval call (the CLI has one --limit per call).
