@@ -19,7 +19,7 @@ from opct.data.io import WriteError
 
 
 def before_torch(cfg) -> None:
-    """Process settings that must precede torch's first allocation (see opct.backends.cpu.process)."""
+    """Process settings that must precede torch's first allocation (the cpu backend's huge_pages: cpu/process.py)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg, _ = config.apply_env_overrides(cfg)
     if cfg.huge_pages and cfg.backend in ("auto", "cpu") and cfg.device in ("auto", "cpu"):
