@@ -13,6 +13,7 @@ from opct.backends.sampling import SamplingSettings
 from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dtype, resolve, resolve_backend,
                                   resolve_device, resolve_dtype)
 
+
 def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
     """What a training config (RunConfig) asks of its backend: a decode_dtype other than the model's needs, on the
     hf backend, a merged copy of a LoRA model to sample from; a vLLM sampler needs vllm (and a given server that
@@ -35,7 +36,6 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     copy, the model's own weights and dtype for decoding."""
     if backend == "cpu":
         from opct.backends.cpu import CPUPolicy
-
         from opct.config import CPUSettings
 
         # evaluations decode in the model's own dtype (decode_dtype is the student's sampling)
