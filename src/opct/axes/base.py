@@ -107,8 +107,8 @@ class Axis(Protocol):
         ...
 
 
-MEMBERS = ("name", "summary", "defaults", "sft", "opct", "headline", "check", "prepare", "evaluate", "probe",
-           "compare", "report_blocks")
+# every member of the interface, read off the Protocol above (get_axis checks an axis has them all)
+MEMBERS = (*Axis.__annotations__, *(n for n, v in vars(Axis).items() if callable(v) and not n.startswith("_")))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,12 +29,11 @@ import torch
 from tqdm.auto import tqdm
 
 import opct
-from opct import backends, threads
+from opct import backends, models, threads
 from opct.backends.base import Policy
 from opct.config import RunConfig, apply_env_overrides, resumable_fields, to_yaml, validate
 from opct.data.io import atomic_write, write_json
 from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
-from opct import models
 from opct.models import add_lora, load_model
 from opct.train import checkpoint, distributed, trackers
 from opct.train.metrics import MetricsLog, peak_rss_mb
