@@ -70,6 +70,8 @@ def parse_args(argv=None):
                    help="jailbreak-wrapped prompts of about N tokens (default: the ~70-token bench_prompts)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cpu (use_cpu=True), or cuda: the trainer's accelerator places the model on the GPU")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the model's weights (training math follows them; bf16 autocast stays off)")
     p.add_argument("--vllm", action="store_true",
                    help="sample with TRL's colocated vLLM engine (use_vllm=True, vllm_mode='colocate'; needs vllm)")
     return p.parse_args(argv)
@@ -127,7 +129,7 @@ def main(argv=None):
         bf16=False,
         fp16=False,
         gradient_checkpointing=args.gradient_checkpointing,
-        model_init_kwargs={"dtype": torch.float32},
+        model_init_kwargs={"dtype": getattr(torch, args.dtype)},
         per_device_train_batch_size=args.batch,
         gradient_accumulation_steps=1,
         num_generations=1,

@@ -419,6 +419,8 @@ def main(argv=None):
                         "every round, so the pooled ratio averages over sampled response lengths")
     p.add_argument("--first-seed", type=int, default=0,
                    help="with --vary-seed, round r runs seed K + r: a further run adds new draws to pool")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="both sides' model weights (step.py / trl_step.py --dtype)")
     p.add_argument("--decode-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="opct's decode_dtype (bfloat16: opct samples on bfloat16 weight copies, on a GPU with "
                         "--opct-set merged_decode=true; side trl samples in float32, trl_vllm in vLLM's bfloat16)")
@@ -456,7 +458,7 @@ def main(argv=None):
         for rank in ranks:
             flags = ["--model", args.model, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
                      "--lora-rank", str(rank), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            flags += workload_flags(args.prompt_tokens) + ["--device", args.device]
+            flags += workload_flags(args.prompt_tokens) + ["--device", args.device, "--dtype", args.dtype]
             flags += ["--seed", str(args.first_seed + r)] if args.vary_seed else []
             # Swap who goes first every round, so neither side always runs on a just-warmed (or tired) machine.
             for side in sides if r % 2 == 0 else sides[::-1]:

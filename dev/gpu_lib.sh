@@ -17,3 +17,13 @@ random_model() {
     rm -rf "/tmp/like-$1" && cp -r ".gpu/like/$1" "/tmp/like-$1" && gunzip "/tmp/like-$1/tokenizer.json.gz" \
         && python3 benchmarks/random_weights.py --like "/tmp/like-$1" --out "/tmp/$1" 2>/dev/null
 }
+
+# random_big: an 8B-class model with the 0.5B's architecture and tokenizer and Qwen2.5-7B's dimensions (7.6B
+# parameters, untied embeddings), bfloat16, drawn on the GPU, in /tmp/qwen7b (issue 49's configuration (b)).
+random_big() {
+    [ -f /tmp/qwen7b/opct-random-weights.json ] && return 0  # a warm machine keeps /tmp between calls
+    rm -rf /tmp/like-big && cp -r .gpu/like/qwen /tmp/like-big && gunzip /tmp/like-big/tokenizer.json.gz \
+        && python3 benchmarks/random_weights.py --like /tmp/like-big --out /tmp/qwen7b --dtype bfloat16 --device cuda \
+            --set hidden_size=3584 --set intermediate_size=18944 --set num_hidden_layers=28 \
+            --set num_attention_heads=28 --set num_key_value_heads=4 --set tie_word_embeddings=false 2>/dev/null
+}

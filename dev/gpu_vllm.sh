@@ -17,6 +17,10 @@
 # machine took ~5 min to start, out of the session's 15 min of device time, so give the second call ~9 min):
 #   1. carry [".gv1"]:          bash dev/gpu_vllm.sh keep
 #   2. carry [".gpu", ".gv2"]:  bash dev/gpu_vllm.sh         (results in $OUT)
+# Issue 49's configuration (b), an 8B-class model (random weights, bfloat16, LoRA r=32, 8 prompts of ~400 tokens,
+# 1,024 sampled tokens), one side a call (each loads 15 GB twice and captures CUDA graphs; not yet run):
+#   3. carry [".gpu", ".gv2"]:  SIDES=opct_vllm bash dev/gpu_vllm.sh big
+#   4. carry [".gpu", ".gv2"]:  SIDES=trl_vllm bash dev/gpu_vllm.sh big
 set -u -o pipefail
 if [ "${1:-}" = prepare ]; then
     for d in .gv1 .gv2; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
@@ -81,6 +85,18 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -c "import torch, transformers, peft, trl, vllm, vllm.entrypoints.llm, trl.generation.vllm_generation
 import opct.backends.vllm
 print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, vllm)})" 2>&1 | tail -3 || exit 1
+if [ "${1:-}" = big ]; then
+    random_big || exit 1
+    printf '#!/bin/bash\nexec timeout -k 10 %s python3 "$@"\n' "${SIDE_LIMIT_S:-480}" > /tmp/pyv && chmod +x /tmp/pyv
+    python3 benchmarks/vs_trl.py --model /tmp/qwen7b --device cuda --dtype bfloat16 --batch 8 --prompt-tokens 400 \
+        --max-new-tokens 1024 --lora-rank 32 --rounds 1 --steps 2 --warmup 1 --vllm-python /tmp/pyv --trl-vllm \
+        --sides "${SIDES:-opct_vllm}" --out "$OUT/vs_trl-gpu-qwen7b-random-vllm-${SIDES:-opct_vllm}.json" \
+        > /dev/null 2> "$OUT/vs_trl-big.log"
+    rc=$?
+    grep "^\[vs_trl\]" "$OUT/vs_trl-big.log"
+    python3 dev/gpu_results.py "$OUT"
+    exit $rc
+fi
 random_model qwen || exit 1
 # Up to four sides in one rotation: opct (hf backend, CUDA graphs), trl (transformers generate; measured before, so
 # left out by default), opct_vllm (--sampler vllm), trl_vllm (TRL's colocated vLLM); the new axes' configuration
