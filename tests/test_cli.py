@@ -87,7 +87,8 @@ def test_help_lists_defaults(capsys):
 TRAINING = ("--prefill-scoring", "--unpadded-prompts", "--unpadded-scoring", "--lora-node", "--low-memory-norms",
             "--decode-dtype")
 STUDENT_SAMPLING = ("--prefill-reuse", "--teacher-prefix-cache", "--merged-decode")
-VLLM = ("--sampler", "--vllm-url", "--vllm-kv-cache-gib", "--vllm-gpu-memory")
+SAMPLER = ("--sampler", "--vllm-url")
+ENGINE = ("--vllm-dtype", "--vllm-kv-cache-gib", "--vllm-gpu-memory")  # any vLLM engine's: a sampler's, an eval's
 
 
 def test_each_command_offers_only_the_settings_that_apply_to_it(tmp_path, capsys):
@@ -96,12 +97,13 @@ def test_each_command_offers_only_the_settings_that_apply_to_it(tmp_path, capsys
         with pytest.raises(SystemExit):
             main([cmd, "--help"])
         helps[cmd] = capsys.readouterr().out
-    offers = {cmd: {f for f in TRAINING + STUDENT_SAMPLING + VLLM if f + " " in text or f + "," in text}
+    offers = {cmd: {f for f in TRAINING + STUDENT_SAMPLING + SAMPLER + ENGINE if f + " " in text or f + "," in text}
               for cmd, text in helps.items()}
-    assert offers["train"] == set(TRAINING + STUDENT_SAMPLING + VLLM)
-    assert offers["demo"] == set(TRAINING + STUDENT_SAMPLING)  # the demo has no vLLM sampler option
+    assert offers["train"] == set(TRAINING + STUDENT_SAMPLING + SAMPLER + ENGINE)
+    # the demo's OPCT run samples with --sampler auto (no sampler option), its engine settings apply
+    assert offers["demo"] == set(TRAINING + STUDENT_SAMPLING + ENGINE)
     assert offers["sft"] == set(TRAINING)  # SFT's targets come from the frozen model, never the student
-    assert offers["eval"] == set()
+    assert offers["eval"] == set(ENGINE)  # the evaluation's own engine (--eval-engine)
     assert "--lean-decoder" in helps["eval"] and "--cpu-gemm" in helps["eval"]  # how the eval itself runs
     assert "--steps N" in helps["train"] and "--lr FLOAT" in helps["train"] and " V " not in helps["train"]
     cfg = tmp_path / "e.yaml"

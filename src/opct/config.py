@@ -147,10 +147,38 @@ class CPUSettings:
         return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
+VLLM = "vLLM engine (a training run's sampler, an evaluation's generator)"
+VLLM_COMMANDS = ("train", "eval", "demo")  # the commands that may run a vLLM engine (SFT's targets: the backend)
+
+
 @dataclass
-class ExecConfig(CPUSettings, Where):
+class VLLMSettings:
+    """A vLLM engine's settings (opct.backends.vllm): the evaluations' engine choice, and the dtype and memory of any
+    engine, a training run's sampler (RunConfig.sampler) or an evaluation's generator."""
+    eval_engine: str = opt("auto", "who generates the evaluations' answers (axes, probes run by opct eval / demo): "
+                           "policy = the backend (--backend); vllm = an in-process vLLM engine (the one-prefill "
+                           "answer readings stay with the backend); auto = vllm on a CUDA device where vLLM is "
+                           "installed, else policy", choices=["auto", "policy", "vllm"], group=VLLM,
+                           resumable=True, commands=("eval", "demo"))
+    vllm_dtype: str = opt("auto", "a vLLM engine's weights' dtype; auto = bfloat16 on a GPU that has it, else the "
+                          "model's (a training loss always uses the trainer's own log-probs)",
+                          choices=["auto", "float32", "bfloat16", "float16"], group=VLLM, resumable=True,
+                          commands=VLLM_COMMANDS)
+    vllm_kv_cache_gib: float = opt(1.0, "a vLLM engine on the CPU: whole GiB reserved for its KV cache", group=VLLM,
+                                   resumable=True, commands=VLLM_COMMANDS)
+    vllm_gpu_memory: float = opt(0.3, "a vLLM engine on a GPU: the share of the GPU's memory it takes (weights + KV "
+                                 "cache); training gets the rest", group=VLLM, resumable=True, commands=VLLM_COMMANDS)
+    vllm_sleep: int = opt(0, "an in-process vLLM sampler on a GPU: 0 = the engine stays resident; 1 = while the trainer runs its "
+                          "weights move to host memory and its KV cache is freed; 2 = both freed, the weights reloaded "
+                          "on waking (better for large models). Not yet run on a GPU (docs/vllm.md)", choices=[0, 1, 2],
+                          group=VLLM, resumable=True, commands=("train", "demo"))
+
+
+@dataclass
+class ExecConfig(VLLMSettings, CPUSettings, Where):
     """Every command's execution settings, composed from their owners: `Where` (device, dtype, backend, threads,
-    the hf backend's decoding) and `CPUSettings` (the cpu backend). Flags and YAML keys stay flat."""
+    the hf backend's decoding), `CPUSettings` (the cpu backend) and `VLLMSettings` (a vLLM engine). Flags and YAML
+    keys stay flat."""
 
 
 # Environment variables that override a speed setting (they win over YAML and flags, and the effective value is
@@ -197,18 +225,15 @@ class RunConfig(ExecConfig):
     report_to: str = opt("tensorboard", "where per-step metrics go besides metrics.jsonl: tensorboard (out/tb), "
                          "wandb, trackio (each needs its extra: pip install 'opct[wandb]'), several separated by "
                          "commas, or none (opct.train.trackers)", resumable=True)
-    sampler: str = opt("policy", "who samples the student's rollouts: policy = the training backend itself; vllm = "
+    sampler: str = opt("auto", "who samples the student's rollouts: policy = the training backend itself; vllm = "
                        "a colocated vLLM engine; vllm-server = a vLLM server (--vllm-url, or one opct starts on "
-                       "127.0.0.1). Needs vLLM: pip install 'opct[vllm]' (docs/install.md)",
-                       choices=["policy", "vllm", "vllm-server"], commands=("train",))
+                       "127.0.0.1); auto = vllm on a CUDA device where vLLM is installed, else policy (run.json "
+                       "records the choice). Needs vLLM: pip install 'opct[vllm]' (docs/install.md)",
+                       choices=["auto", "policy", "vllm", "vllm-server"], commands=("train",), resumable=True)
     vllm_url: str = opt("", "with --sampler vllm-server: the running server's URL, its root or its OpenAI base URL "
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
                         "(docs/vllm.md); an API key from $OPCT_VLLM_API_KEY; empty = start one",
                         commands=("train",))
-    vllm_kv_cache_gib: float = opt(1.0, "with a vLLM sampler on the CPU: whole GiB reserved for its KV cache",
-                                   resumable=True, commands=("train",))
-    vllm_gpu_memory: float = opt(0.3, "with a vLLM sampler on a GPU: the share of the GPU's memory vLLM takes "
-                                 "(weights + KV cache); training gets the rest", resumable=True, commands=("train",))
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
                          "the update (logged as skipped)", choices=["stop", "skip"], resumable=True)
     parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
@@ -227,6 +252,9 @@ class TrainConfig(RunConfig):
     topk: int = opt(20, "k for loss=topk")
     kl_coef: float = opt(1.0, "scale of the KL advantage (loss=sampled)")
     kl_discount: float = opt(0.0, "discount for summing future per-token KL into the advantage (0 = per-token)")
+    sampler_is_cap: float = opt(2.0, "with a vLLM sampler: truncated importance sampling between sampler and trainer; "
+                                "each token's loss term is weighted by min(p_trainer / p_sampler, cap), logged as "
+                                "is_weight_mean, is_ratio_max, is_truncated; 0 = off (TRL's default cap is 2)")
 
 
 @dataclass
@@ -356,7 +384,7 @@ def validate(cfg):
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))
     for name in ("heldout", "benign_share", "temperature", "top_p", "lr", "lora_alpha", "lora_dropout", "weight_decay", "grad_clip", "kl_coef",
-                 "kl_discount"):
+                 "kl_discount", "sampler_is_cap"):
         if hasattr(cfg, name):
             _check(math.isfinite(getattr(cfg, name)), name, "must be a finite number", getattr(cfg, name))
     checks = [("temperature", lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
@@ -370,13 +398,14 @@ def validate(cfg):
               ("grad_clip", lambda v: v >= 0, "must be >= 0 (0 = off)"),
               ("kl_coef", lambda v: v > 0, "must be > 0"),
               ("kl_discount", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+              ("sampler_is_cap", lambda v: v == 0 or v >= 1, "must be 0 (off) or >= 1"),
               ("vllm_gpu_memory", lambda v: 0 < v <= 1, "must be in (0, 1]"),
               # vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): "1.5" (or "1.0") stops its engine
               ("vllm_kv_cache_gib", lambda v: v >= 1 and float(v).is_integer(), "must be a whole number of GiB >= 1")]
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
-    if getattr(cfg, "sampler", "policy") != "policy":  # 512: vLLM's largest max_lora_rank
+    if getattr(cfg, "sampler", "policy") in ("vllm", "vllm-server"):  # 512: vLLM's largest max_lora_rank
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
     if hasattr(cfg, "model"):
         _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)

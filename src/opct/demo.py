@@ -76,18 +76,29 @@ SAVE_EVERY = 10  # the demo's training runs checkpoint every 10 steps: a stopped
 
 def run_capability_eval(cfg: EvalConfig) -> dict:
     """`opct eval --tasks`: lm-eval tasks on one model, by name (so the numbers are what `lm_eval` prints)."""
-    from opct.backends import resolve
     from opct.evals.capability import resolve_suite, run_capability
 
-    device, dtype, _ = resolve(cfg)
     s = resolve_suite(cfg.tasks, cfg.limit or None)
     res = run_capability(cfg.model, s["tasks"], limit=s["limit"], limits=s["limits"], max_gen_toks=s["max_gen_toks"],
-                         batch_size=cfg.batch_size, device=str(device), dtype=str(dtype).removeprefix("torch."),
-                         offline=OFFLINE[cfg.offline],
+                         batch_size=cfg.batch_size, **capability_engine(cfg), offline=OFFLINE[cfg.offline],
                          log_samples_dir=Path(cfg.out).with_suffix("") if cfg.out else None)
     if cfg.out:
         write_json(Path(cfg.out), res)
     return res
+
+
+def capability_engine(cfg) -> dict:
+    """run_capability's device, dtype and engine from a command's execution settings: lm-eval's HF model on the
+    configured device and dtype, or (--eval-engine resolving to vllm) lm-eval's vLLM model in `vllm_dtype` with
+    `vllm_gpu_memory` of the GPU."""
+    from opct.backends import resolve, resolve_eval_engine
+    from opct.backends.select import resolve_vllm_dtype
+
+    device, dtype, _ = resolve(cfg)
+    if resolve_eval_engine(cfg.eval_engine, device) != "vllm":
+        return {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
+    return {"engine": "vllm", "dtype": str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."),
+            "vllm_args": {"gpu_memory_utilization": cfg.vllm_gpu_memory, "seed": cfg.seed}}
 
 
 class Stages:
@@ -123,13 +134,11 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str], stages: Stages) -
     """lm-eval tasks on the base model and each trained one (by name and directory, as `lm_eval` would load
     them): per task, each method's score with its interval and the change from base. Each model's run is a stage
     (kept on --resume)."""
-    from opct.backends import resolve
     from opct.evals.capability import capability_block, resolve_suite, run_capability
 
-    device, dtype, _ = resolve(cfg)
     s = resolve_suite(cfg.capability)
     kw = dict(limit=s["limit"], limits=s["limits"], max_gen_toks=s["max_gen_toks"], batch_size=cfg.batch_size,
-              device=str(device), dtype=str(dtype).removeprefix("torch."))
+              **capability_engine(cfg))
     models = {"base": cfg.model, **{m: str(out / m / "model") for m in methods}}
     runs = {m: stages.get(f"capability_{m}", lambda: run_capability(path, s["tasks"], **kw))
             for m, path in models.items()}

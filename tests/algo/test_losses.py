@@ -114,3 +114,55 @@ def test_hidden_token_logprobs_matches_full_logits_and_their_gradients(chunk):
     assert torch.equal(got_frozen.detach(), got.detach())  # the forward is the same computation in every mode
     assert torch.allclose(torch.autograd.grad(got_frozen, h, g)[0], torch.autograd.grad(want, h, g)[0], atol=1e-12)
     assert torch.autograd.gradcheck(lambda x: hidden_token_logprobs(x, w.detach(), tok, chunk=chunk), (h,))
+
+
+def test_truncated_is_weights_are_one_for_equal_logprobs_and_capped_otherwise():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    w, ratio = losses.truncated_is_weights(logp, logp.clone(), mask, cap=2.0)
+    assert torch.equal(w, torch.ones_like(w)) and torch.equal(ratio, torch.ones_like(ratio))
+    sampler = logp - torch.tensor([[1.0, -1.0, 0.1], [0.2, 5.0, 5.0]])  # the trainer's minus a shift
+    w, ratio = losses.truncated_is_weights(logp, sampler, mask, cap=2.0)
+    e = torch.exp(torch.tensor([1.0, -1.0, 0.1, 0.2]))
+    assert torch.allclose(ratio[mask.bool()], e)
+    assert torch.allclose(w[mask.bool()], e.clamp(max=2.0)) and w.max() <= 2.0
+    assert torch.equal(w[~mask.bool()], torch.ones(2))  # padding: weight 1, never a huge ratio
+
+
+def test_the_weighted_update_from_another_sampler_equals_the_on_policy_update_in_expectation():
+    """A one-token toy: the student p_s (trainable logits), the teacher p_t, a sampler q != p_s. The expectation over
+    y ~ q of the importance-weighted loss's gradient (weights p_s / q, the cap above every ratio) equals the
+    expectation over y ~ p_s of the plain loss's gradient, exactly (enumerating y); truncating at a low cap bounds
+    every weight and biases the update."""
+    logits_s = torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5], requires_grad=True)
+    logp_t = torch.log_softmax(torch.tensor([0.0, 1.0, 0.0, 0.5, -1.0]), -1)
+    logp_q = torch.log_softmax(torch.tensor([0.0, 0.0, 0.5, 1.0, 1.0]), -1)  # the perturbed sampler
+    V = logits_s.numel()
+
+    def expected_grad(weighting: str, cap: float = 100.0):
+        total = torch.zeros(V)
+        for y in range(V):
+            logp_s = torch.log_softmax(logits_s, -1)  # a fresh graph for each token's gradient
+            lp_s, lp_t = logp_s[y].reshape(1, 1), logp_t[y].reshape(1, 1)
+            if weighting == "on-policy":
+                loss, _ = losses.sampled_token_loss(lp_s, lp_t, torch.ones(1, 1))
+                prob = logp_s[y].exp().detach()
+            else:
+                w, _ = losses.truncated_is_weights(lp_s, logp_q[y].reshape(1, 1), torch.ones(1, 1), cap)
+                loss, _ = losses.sampled_token_loss(lp_s, lp_t, torch.ones(1, 1), weight_BT=w)
+                prob = logp_q[y].exp()
+            g, = torch.autograd.grad(loss, logits_s)
+            total += prob * g
+        return total
+
+    on_policy = expected_grad("on-policy")
+    ratios = (torch.log_softmax(logits_s, -1) - logp_q).exp().detach()
+    assert ratios.max() > 1.5 and ratios.min() < 0.5  # the sampler is really off the student
+    assert torch.allclose(expected_grad("weighted"), on_policy, atol=1e-6)
+    truncated = expected_grad("weighted", cap=1.2)
+    assert not torch.allclose(truncated, on_policy, atol=1e-3)  # a cap below the largest ratio biases the update
+    # ... and the plain loss on the sampler's tokens (no correction) is further off than the truncated one
+    plain = sum(logp_q[y].exp() * torch.autograd.grad(losses.sampled_token_loss(
+        torch.log_softmax(logits_s, -1)[y].reshape(1, 1), logp_t[y].reshape(1, 1), torch.ones(1, 1))[0],
+        logits_s)[0] for y in range(V))
+    assert (plain - on_policy).norm() > (truncated - on_policy).norm()

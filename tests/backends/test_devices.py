@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from opct.algo.opct import train
-from opct.backends import BackendError, resolve_backend, resolve_device, resolve_dtype
-from opct.config import TrainConfig
+from opct.backends import (BackendError, resolve_backend, resolve_device, resolve_dtype, resolve_eval_engine,
+                           resolve_sampler)
+from opct.backends.select import resolve_vllm_dtype
+from opct.config import SFTConfig, TrainConfig
 from opct.data.pairs import ConsistencyPair
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -42,6 +44,36 @@ def test_auto_choices_on_this_machine():
             resolve_device("cuda")
 
 
+@pytest.mark.parametrize("vllm_installed", [True, False])
+def test_sampler_and_eval_engine_auto_mean_vllm_on_a_cuda_device_where_it_is_installed(monkeypatch, vllm_installed):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (object() if vllm_installed else None)
+                        if name == "vllm" else real(name, *a))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    on_gpu = "vllm" if vllm_installed else "policy"
+    assert resolve_sampler(TrainConfig(), cpu) == "policy" and resolve_sampler(TrainConfig(), cuda) == on_gpu
+    assert resolve_eval_engine("auto", cpu) == "policy" and resolve_eval_engine("auto", cuda) == on_gpu
+    # SFT's targets come from the frozen model (no student sampler); vLLM cannot hold a LoRA rank above 512; under
+    # FSDP2 no rank holds the full weights a sync needs
+    assert resolve_sampler(SFTConfig(), cuda) == "policy"
+    assert resolve_sampler(TrainConfig(lora_rank=1024), cuda) == "policy"
+    assert resolve_sampler(TrainConfig(), cuda, parallel="fsdp") == "policy"
+    for asked in ("policy", "vllm", "vllm-server"):  # an explicit choice is kept as it is
+        assert resolve_sampler(TrainConfig(sampler=asked), cpu) == asked
+    assert resolve_eval_engine("vllm", cpu) == "vllm" and resolve_eval_engine("policy", cuda) == "policy"
+
+
+def test_a_vllm_engines_dtype_is_the_models_on_the_cpu_unless_set():
+    cpu = torch.device("cpu")
+    assert resolve_vllm_dtype("auto", cpu, torch.float32) == torch.float32
+    assert resolve_vllm_dtype("auto", cpu, torch.bfloat16) == torch.bfloat16
+    assert resolve_vllm_dtype("bfloat16", cpu, torch.float32) == torch.bfloat16
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        assert resolve_vllm_dtype("auto", torch.device("cuda"), torch.float32) == torch.bfloat16
+
+
 def test_bfloat16_trains_with_the_hf_backend_on_the_cpu(tiny_model_dir, tmp_path):
     rows, info = run(tmp_path, tiny_model_dir, device="cpu", dtype="bfloat16", backend="hf")
     assert info["execution"]["backend"] == "hf" and info["execution"]["dtype"] == "bfloat16"
@@ -56,6 +88,8 @@ def test_run_json_records_execution_and_env_overrides(tiny_model_dir, tmp_path, 
     assert info["execution"]["backend"] == "cpu" and info["execution"]["env_overrides"] == {"OPCT_PACK_WEIGHTS": "0"}
     assert info["config"]["pack_weights"] is False and info["execution"]["torch"] == torch.__version__
     assert "pack_weights: false" in (tmp_path / "run" / "config.yaml").read_text()
+    # --sampler auto (the default) on the CPU: the backend samples; run.json says what was asked and what ran
+    assert info["execution"]["sampler_setting"] == "auto" and info["execution"]["sampler_used"] == "policy"
 
 
 @pytest.mark.parametrize("backend", ["cpu", "hf"])

@@ -45,6 +45,53 @@ def test_vllm_policy_samples_through_the_sampler_and_syncs_every_step(tiny_model
     assert info["execution"]["sampler"] == "FakeSampler"
 
 
+class SleepingSampler(FakeSampler):
+    """Records the order of what the policy asks of an engine with vLLM's sleep mode (--vllm-sleep)."""
+    sleep_level = 1
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def sample(self, prompts, settings, seed, first=0):
+        self.events.append("sample")
+        return super().sample(prompts, settings, seed, first)
+
+    def sync(self, model, step):
+        self.events.append(f"sync{step}")
+        return super().sync(model, step)
+
+    def rest(self):
+        self.events.append("rest")
+
+    def wake(self):
+        self.events.append("wake")
+
+
+def test_a_sleeping_engine_rests_after_sampling_and_wakes_before_each_sync(tiny_model_dir, tmp_path, monkeypatch):
+    """--vllm-sleep: the engine frees its memory while the trainer scores and steps, and is woken before the new
+    weights are synced into it, so an adapter is always loaded into an awake engine; wake time is logged."""
+    fake = SleepingSampler()
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: fake)
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    out = tmp_path / "run"
+    train(cfg_for(tiny_model_dir, out, steps=2, sampler="vllm"), pairs=make_pairs(), show_progress=False)
+    assert fake.events == ["sync0", "sample", "rest", "wake", "sync1", "sample", "rest", "wake", "sync2"]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("wake_seconds" in r for r in rows)
+
+
+def test_sleep_mode_is_refused_where_vllm_cannot_sleep(tiny_model_dir, monkeypatch):
+    from opct.backends.base import BackendError
+    from opct.config import TrainConfig
+
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    for sampler in ("vllm", "vllm-server"):  # on the CPU; a server's sleep is not driven by opct
+        with pytest.raises(BackendError, match="--vllm-sleep 1: vLLM's sleep mode needs --sampler vllm"):
+            vllm_backend.make_sampler(TrainConfig(model=str(tiny_model_dir), sampler=sampler, vllm_sleep=1), [2],
+                                      device=torch.device("cpu"), dtype=torch.float32)
+
+
 def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir, tmp_path, monkeypatch):
     """The training loop sizes vLLM's max_model_len from the rendered student prompts (a fixed 2048 made a run with
     longer prompts fail when vLLM refused the first request), and run.json records it."""

@@ -230,7 +230,62 @@ def test_opct_train_with_the_vllm_sampler_logs_kl_and_a_small_gap(model_dir, tmp
     train(cfg, pairs=pairs, show_progress=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["kl"] == r["kl"] and r["sampler_logp_gap"] < 1e-4 for r in rows)
-    assert json.loads((out / "run.json").read_text())["execution"]["sampler"] == "VLLMSampler"
+    # the same weights in the same precision: every importance weight within 1e-4 of 1, none truncated
+    for r in rows:
+        assert abs(r["is_weight_mean"] - 1) < 1e-4 and abs(r["is_ratio_max"] - 1) < 1e-4 and r["is_truncated"] == 0
+    execution = json.loads((out / "run.json").read_text())["execution"]
+    assert execution["sampler"] == "VLLMSampler" and execution["vllm_dtype"] == "float32"
+
+
+def test_a_bfloat16_engine_samples_for_a_float32_trainer_with_bounded_weights(model_dir, tmp_path):
+    """A sampler that is really off the trainer: vLLM in bfloat16 (--vllm-dtype) for a float32 trainer. The
+    importance weights move away from 1, stay at most the cap, and the run trains."""
+    from opct.algo.opct import train
+    from opct.config import TrainConfig
+    from opct.data.pairs import load_pairs
+
+    out = tmp_path / "run"
+    cfg = TrainConfig(model="smollm2-135m-instruct", out=str(out), steps=2, prompts_per_step=4, micro_batch=4,
+                      max_new_tokens=16, lora_rank=8, lora_alpha=16.0, save_every=0, report_to="none",
+                      sampler="vllm", vllm_dtype="bfloat16", sampler_is_cap=1.5, backend="hf", device="cpu")
+    train(cfg, pairs=load_pairs(Path(__file__).parents[2] / "examples" / "pairs.jsonl"), show_progress=False)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["sampler_logp_gap"] > 1e-3 and r["is_ratio_max"] > 1.01  # bfloat16's rounding shows
+        assert 0.5 < r["is_weight_mean"] <= 1.5 and 0 <= r["is_truncated"] < 1 and r["grad_norm"] == r["grad_norm"]
+    assert json.loads((out / "run.json").read_text())["execution"]["vllm_dtype"] == "bfloat16"
+
+
+def test_an_axis_evaluation_through_vllm_gives_the_backends_answers(model_dir, tmp_path, monkeypatch):
+    """`opct eval --axis jailbreak --eval-engine vllm` on a trained LoRA adapter (an opct run's model/: vLLM serves
+    the base model plus the adapter) gives, greedy in float32, the same answers as the hf backend, item by item."""
+    from opct.algo.opct import train
+    from opct.config import EvalConfig, TrainConfig
+    from opct.data.pairs import load_pairs
+    from opct.demo import config_for_axis, run_eval
+
+    run = tmp_path / "run"
+    train(TrainConfig(model="smollm2-135m-instruct", out=str(run), steps=2, prompts_per_step=4, micro_batch=4,
+                      max_new_tokens=16, lora_rank=8, lora_alpha=16.0, lr=5e-3, save_every=0, report_to="none",
+                      sampler="policy", backend="hf", device="cpu"),
+          pairs=load_pairs(Path(__file__).parents[2] / "examples" / "pairs.jsonl"), show_progress=False)
+    generated = []  # prompts the vLLM engine answered
+    real_sample = VLLMSampler.sample
+    monkeypatch.setattr(VLLMSampler, "sample", lambda self, prompts_N, *a, **kw: (
+        generated.extend(prompts_N), real_sample(self, prompts_N, *a, **kw))[1])
+    answers = {}
+    for engine in ("policy", "vllm"):
+        cfg = config_for_axis(EvalConfig, axis="jailbreak", model=str(run / "model"), n_eval=2, n_benign=2,
+                              attack_samples=0, eval_max_new_tokens=24, backend="hf", device="cpu",
+                              eval_engine=engine, out=str(tmp_path / f"{engine}.json"))
+        res = run_eval(cfg)
+        rows = [json.loads(x) for x in (tmp_path / f"{engine}.samples.jsonl").read_text().splitlines()]
+        answers[engine] = (res, rows)
+    (res_hf, hf), (res_v, v) = answers["policy"], answers["vllm"]
+    assert len(hf) == len(v) >= 10 and len(generated) == len(v)  # vLLM answered every item, the hf run none
+    assert [r["response"] for r in v] == [r["response"] for r in hf]
+    assert {k: res_v[k] for k in res_v if k != "info"} == {k: res_hf[k] for k in res_hf if k != "info"}
 
 
 def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(model_dir, tmp_path, monkeypatch):
@@ -380,3 +435,24 @@ def test_a_failed_run_or_an_unclosed_sampler_leaves_no_vllm_server_running(model
     assert p.returncode == 3, p.stderr[-3000:]
     pid = int(p.stdout.split()[-1])
     assert pid not in servers() and servers() <= before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM's sleep mode needs a CUDA device")
+@pytest.mark.parametrize("level", [1, 2])
+def test_an_adapter_applies_after_every_wake_from_sleep(model_dir, tok, prompts, level):
+    """--vllm-sleep on a GPU: after each sleep and wake (the weights offloaded or dropped, the KV cache dropped) and
+    the sync that follows, greedy answers are the adapter's, not the base model's (LoRA that silently stops applying
+    after a wake is a known vLLM trap)."""
+    model = student(model_dir)
+    greedy = SamplingSettings(16, 0.0, 1.0, 0)
+    with VLLMSampler(model_dir, {tok.eos_token_id}, lora_rank=8, sleep_level=level,
+                     gpu_memory_utilization=0.3) as s:
+        base = s.sample(prompts, greedy, 0)[0]
+        s.sync(model, 0)
+        adapted = s.sample(prompts, greedy, 0)[0]
+        assert adapted != base
+        for step in (1, 2):
+            s.rest()
+            s.wake()
+            s.sync(model, step)
+            assert s.sample(prompts, greedy, 0)[0] == adapted, step

@@ -11,6 +11,9 @@ batch (TRL #4719 is the bug this avoids). Shapes: B batch, T response positions,
   topk_reverse_kl     the same sum restricted to the student's top-k tokens at each position.
   forward_kl          exact KL(p_t || p_s) over the full vocabulary.
 
+When another engine (vLLM) sampled the tokens, `truncated_is_weights` gives each token's importance weight between
+that sampler and the trainer; every loss above scales a token's term by it.
+
 The losses are device-agnostic math on what a policy returns (`opct.backends.base.Scores`): log-probs of the
 sampled tokens for the default loss; for the exact ones, hidden states and a logits function, streamed over
 positions (`exact_kl`) so N x T x V logits never exist at once. Everything here runs in float32.
@@ -41,20 +44,37 @@ def discounted_future_sum(x_BT: torch.Tensor, gamma: float) -> torch.Tensor:
     return out_BT
 
 
-def sampled_token_loss(logp_student_BT, logp_teacher_BT, mask_BT, coef: float = 1.0, discount: float = 0.0):
+def sampled_token_loss(logp_student_BT, logp_teacher_BT, mask_BT, coef: float = 1.0, discount: float = 0.0,
+                       weight_BT: torch.Tensor | None = None):
     """Policy-gradient loss with the sampled-token reverse-KL estimate as a per-token advantage.
 
     Written in importance-sampling form, L = -sum_t ratio_t * A_t with ratio_t = exp(logp - logp.detach()) = 1
     on-policy, so the loss *value* is the summed KL estimate while its gradient is -sum_t A_t * grad logp_t:
     the REINFORCE gradient of KL(student || teacher) on the student's own samples (the score-function term
-    has zero mean, so no baseline is needed). Returns (loss_sum, kl_sum).
+    has zero mean, so no baseline is needed). `weight_BT` (no grad): each token's importance weight when another
+    engine sampled the tokens (`truncated_is_weights`); it scales the token's term. Returns (loss_sum, kl_sum),
+    the KL estimate unweighted.
     """
     m_BT = mask_BT.to(logp_student_BT.dtype)
     k_BT = (logp_student_BT.detach() - logp_teacher_BT) * m_BT
     adv_BT = -coef * discounted_future_sum(k_BT, discount) * m_BT
+    if weight_BT is not None:
+        adv_BT = adv_BT * weight_BT
     ratio_BT = torch.exp(logp_student_BT - logp_student_BT.detach())
     loss = -(ratio_BT * adv_BT).sum()
     return loss, k_BT.sum()
+
+
+def truncated_is_weights(logp_trainer_BT: torch.Tensor, logp_sampler_BT: torch.Tensor, mask_BT: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling (TIS) for tokens another engine sampled: w_t = min(p_trainer(y_t) /
+    p_sampler(y_t), cap), 1 at padding, no grad. The loss's expectation is over the trainer's distribution; the
+    tokens come from the sampler's (vLLM in bfloat16 with its own kernels), so each token's term is reweighted by
+    the ratio of the two, truncated at `cap` to bound the variance (a small bias where the ratio exceeds it). The
+    same weights in the same precision give exactly 1. Returns (w_BT, ratio_BT), the ratio before truncation."""
+    ratio_BT = torch.exp(logp_trainer_BT.detach() - logp_sampler_BT)
+    ratio_BT = torch.where(mask_BT.bool(), ratio_BT, torch.ones_like(ratio_BT))
+    return ratio_BT.clamp(max=cap), ratio_BT
 
 
 def reverse_kl(logits_student_NV, logits_teacher_NV):

@@ -4,7 +4,9 @@ Every step:
   1. sample   y ~ student(. | student prompt)                       (the perturbed prompt, no grad)
   2. teacher  log p_T(y_t | teacher prompt, y_<t) in one prefill      (frozen initial model, no grad)
   3. student  log p_S(y_t | student prompt, y_<t) with grad; loss = per-token reverse KL (losses.py), summed over
-              response tokens and divided by the step's total response-token count; backward
+              response tokens and divided by the step's total response-token count; backward. When vLLM sampled
+              the tokens, each token's term is weighted by min(p_S / p_vLLM, sampler_is_cap) (truncated
+              importance sampling: vLLM's numbers differ from the trainer's)
   4. AdamW step (grad clipping, LR schedule), then repeat with fresh samples (the harness, train/loop.py).
 The teacher is the initial model: with LoRA the same module with adapters disabled, otherwise a frozen copy.
 The step only talks to a `Policy` (backends/base.py); how sampling and scoring run is the backend's business.
@@ -25,17 +27,30 @@ from opct.data.pairs import ConsistencyPair
 from opct.train import loop
 
 
-def consistency_loss(cfg: TrainConfig, s: Scores, t: Scores) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss_sum, kl_sum) over one micro-batch's response tokens."""
+def consistency_loss(cfg: TrainConfig, s: Scores, t: Scores,
+                     w_NT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss_sum, kl_sum) over one micro-batch's response tokens; `w_NT`: per-token importance weights (tokens
+    sampled by vLLM), which scale each token's loss term but not the logged KL."""
     if cfg.loss == "sampled":
-        return losses.sampled_token_loss(s.logp_NT, t.logp_NT, s.mask_NT, cfg.kl_coef, cfg.kl_discount)
+        return losses.sampled_token_loss(s.logp_NT, t.logp_NT, s.mask_NT, cfg.kl_coef, cfg.kl_discount, w_NT)
     real_M = s.mask_NT.flatten().bool()
     H = s.hidden_NTH.shape[-1]
     kw = {"k": cfg.topk} if cfg.loss == "topk" else {}
     kl_M = losses.exact_kl(cfg.loss, s.logits, t.logits, s.hidden_NTH.reshape(-1, H)[real_M],
                            t.hidden_NTH.reshape(-1, H)[real_M], **kw)
-    loss = kl_M.sum()
-    return loss, loss.detach()
+    kl = kl_M.sum().detach()
+    if w_NT is not None:
+        kl_M = kl_M * w_NT.flatten()[real_M]
+    return kl_M.sum(), kl
+
+
+def sampler_logprobs(rows: list[list[float]], like_NT: torch.Tensor) -> torch.Tensor:
+    """The sampler's log-probs of a micro-batch's response tokens, laid out as the trainer's logp_NT (0 after each
+    response's end)."""
+    out_NT = torch.zeros_like(like_NT, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out_NT[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out_NT
 
 
 def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: TrainConfig,
@@ -62,24 +77,34 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     # 3. the student scores them after the perturbed prompt, with grad; accumulate the normalised loss
     t2 = time.perf_counter()
     sums = {"loss": 0.0, "kl": 0.0, "logp_student": 0.0, "logp_teacher": 0.0}
-    gap = 0.0  # |sampler's log-prob - trainer's|, summed over tokens, when the sampler reports log-probs
+    # when the sampler reports its own log-probs (vLLM): |sampler's - trainer's| and, with sampler_is_cap > 0, the
+    # truncated importance weights, summed over tokens; the largest ratio before truncation
+    mismatch = {"sampler_logp_gap": 0.0, "is_weight_mean": 0.0, "is_truncated": 0.0}
+    ratio_max = 0.0
     for i, ((c, part), t) in enumerate(zip(parts, teacher_scores)):
         s = policy.score(part.prompts, part, grad=True, hidden=exact, sync=i == len(parts) - 1)
-        loss, kl = consistency_loss(cfg, s, t)
+        w_NT = None
+        if part.sampler_logp is not None:
+            logp_v_NT, real_NT = sampler_logprobs(part.sampler_logp, s.logp_NT), s.mask_NT.bool()
+            mismatch["sampler_logp_gap"] += float((s.logp_NT.detach() - logp_v_NT)[real_NT].abs().sum())
+            if cfg.sampler_is_cap > 0:
+                w_NT, ratio_NT = losses.truncated_is_weights(s.logp_NT, logp_v_NT, s.mask_NT, cfg.sampler_is_cap)
+                mismatch["is_weight_mean"] += float(w_NT[real_NT].sum())
+                mismatch["is_truncated"] += float((ratio_NT[real_NT] > cfg.sampler_is_cap).sum())
+                ratio_max = max([ratio_max, *ratio_NT[real_NT].tolist()])
+        loss, kl = consistency_loss(cfg, s, t, w_NT)
         (loss / n_tokens).backward()
         sums["loss"] += float(loss.detach())
         sums["kl"] += float(kl)
         sums["logp_student"] += float(s.logp_NT.detach().sum())
         sums["logp_teacher"] += float(t.logp_NT.sum())
-        if part.sampler_logp is not None:
-            gap += sum(abs(a - float(b)) for row_s, row_v in zip(s.logp_NT.detach().tolist(), part.sampler_logp)
-                       for a, b in zip(row_s, row_v))
     t3 = time.perf_counter()
 
-    sums["sampler_logp_gap"] = gap
+    if rollout.sampler_logp is not None:  # every replica's rollout comes from the same kind of sampler
+        sums.update(mismatch if cfg.sampler_is_cap > 0 else {"sampler_logp_gap": mismatch["sampler_logp_gap"]})
     row = {k: v / n_tokens for k, v in policy.replicas.sum(sums).items()}
-    if rollout.sampler_logp is None:
-        del row["sampler_logp_gap"]
+    if rollout.sampler_logp is not None and cfg.sampler_is_cap > 0:
+        row["is_ratio_max"] = policy.replicas.max(ratio_max)
     responses = policy.replicas.gather(rollout.responses)  # the global batch's
     prompt_tokens = policy.replicas.sum({"s": sum(map(len, prompts_s)), "t": sum(map(len, prompts_t))})
     row.update(response_len=n_tokens / len(responses), response_tokens=n_tokens,

@@ -11,7 +11,8 @@ import torch
 from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, Rollout, Scores
 from opct.backends.sampling import SamplingSettings
 from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dtype, resolve, resolve_backend,
-                                  resolve_device, resolve_dtype)
+                                  resolve_device, resolve_dtype, resolve_eval_engine,
+                                  resolve_sampler)
 
 
 def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
@@ -21,7 +22,7 @@ def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
     decode_dtype = other_decode_dtype(cfg, dtype)
     if backend == "hf" and decode_dtype and not (cfg.merged_decode and cfg.lora_rank > 0):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
-    if cfg.sampler != "policy":
+    if cfg.sampler in ("vllm", "vllm-server"):  # auto: resolved by start_run before this check
         from opct.backends.vllm import check
 
         check(cfg)
@@ -34,6 +35,10 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     (the student prompts, in tokens) plus max_new_tokens. `cfg`: a training config (RunConfig); with `train=False`
     any config's execution settings (ExecConfig), and a policy for inference only (evaluation): no frozen teacher
     copy, the model's own weights and dtype for decoding."""
+    if train and cfg.sampler == "auto":  # start_run resolves it; a policy built directly resolves it here
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, sampler=resolve_sampler(cfg, next(model.parameters()).device))
     if backend == "cpu":
         from opct.backends.cpu import CPUPolicy
         from opct.config import CPUSettings
@@ -59,14 +64,21 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
 
 def inference_policy(name: str, cfg) -> Policy:
     """The model `name` (alias, file, directory, Hub id) on the configured device and dtype, in an inference policy
-    of the configured backend (`make_policy(..., train=False)`): what `opct eval` and the demo's evaluations run."""
+    of the configured backend (`make_policy(..., train=False)`): what `opct eval` and the demo's evaluations run.
+    Where `eval_engine` resolves to vllm, a vLLM engine serving the same model generates (backends/vllm.py)."""
     from opct.models import eos_ids, load_model
 
     device, dtype, backend = resolve(cfg)
     model, tok = load_model(name, device=device, dtype=dtype)
-    return make_policy(backend, model, tok, eos_ids(model, tok), cfg, train=False)
+    eos = eos_ids(model, tok)
+    policy = make_policy(backend, model, tok, eos, cfg, train=False)
+    if resolve_eval_engine(getattr(cfg, "eval_engine", "policy"), device) == "vllm":
+        from opct.backends.vllm import VLLMPolicy, inference_sampler
+
+        policy = VLLMPolicy(policy, inference_sampler(name, cfg, eos, device, dtype), train=False)
+    return policy
 
 
 __all__ = ["DTYPES", "BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "check_training",
            "data_parallel_backend", "inference_policy", "make_policy", "other_decode_dtype", "resolve",
-           "resolve_backend", "resolve_device", "resolve_dtype"]
+           "resolve_backend", "resolve_device", "resolve_dtype", "resolve_eval_engine", "resolve_sampler"]

@@ -56,9 +56,42 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
 def other_decode_dtype(cfg, dtype: torch.dtype) -> str | None:
     """The decode_dtype a training config (RunConfig) asks the student to sample in when it is not the model's
     `dtype` (float32, the default, means the model's own), else None; a vLLM sampler does not use it."""
-    if cfg.sampler != "policy" or cfg.decode_dtype in ("float32", str(dtype).removeprefix("torch.")):
+    if cfg.sampler in ("vllm", "vllm-server") or cfg.decode_dtype in ("float32", str(dtype).removeprefix("torch.")):
         return None
     return cfg.decode_dtype
+
+
+def resolve_sampler(cfg, device: torch.device, parallel: str = "none") -> str:
+    """The sampler a training config (RunConfig) uses. auto: an in-process vLLM engine ("vllm") for OPCT's student on
+    a CUDA device where vLLM is installed (and can hold the LoRA rank, and every rank holds full weights: not under
+    FSDP2); the backend's own decoder ("policy") elsewhere. SFT, whose targets the frozen model generates, always
+    gets "policy"."""
+    if getattr(cfg, "command", None) != "train":  # SFT (its config has the field but never offers it)
+        return "policy"
+    if cfg.sampler != "auto":
+        return cfg.sampler
+    import importlib.util
+
+    if device.type != "cuda" or cfg.lora_rank > 512 or parallel == "fsdp":
+        return "policy"
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "policy"
+
+
+def resolve_eval_engine(name: str, device: torch.device) -> str:
+    """Who generates an evaluation's answers. auto: vLLM on a CUDA device where it is installed, else the policy."""
+    if name != "auto":
+        return name
+    import importlib.util
+
+    return "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "policy"
+
+
+def resolve_vllm_dtype(name: str, device: torch.device, trainer: torch.dtype) -> torch.dtype:
+    """A vLLM engine's dtype. auto: bfloat16 on a CUDA device that supports it (vLLM's own kernels; the trainer
+    keeps its dtype for the loss), else the trainer's."""
+    if name != "auto":
+        return DTYPES[name]
+    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else trainer
 
 
 def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:

@@ -40,13 +40,19 @@ def model_gap(policy: "VLLMPolicy") -> float:
 
 
 class VLLMPolicy(Policy):
+    """`train=True`: the student's sampler of a training run (synced every step). `train=False`: an evaluation's
+    engine, serving the model being evaluated (`inference_sampler`): `generate` decodes in vLLM, and
+    `next_token_logprobs` (one prefill, nothing decoded) stays with the wrapped policy."""
     name = "vllm"
 
-    def __init__(self, inner: Policy, sampler):
-        self.inner, self.sampler = inner, sampler
+    def __init__(self, inner: Policy, sampler, train: bool = True):
+        self.inner, self.sampler, self.train = inner, sampler, train
         self.model, self.tok, self.pad_id, self.eos_ids, self.device = (inner.model, inner.tok, inner.pad_id,
                                                                          inner.eos_ids, inner.device)
         self.steps = 0
+        self.sync_seconds = self.wake_seconds = 0.0
+        if not train:
+            return
         self.sync_seconds = sampler.sync(self.model, 0)  # vLLM serves the base weights until the first sync
         if getattr(sampler, "external", False):  # a server the user started may serve another model
             gap = model_gap(self)
@@ -66,8 +72,13 @@ class VLLMPolicy(Policy):
         seed = int(torch.randint(2 ** 31, (1,), generator=base))  # per-request seeds derive from it
         t0 = time.perf_counter()
         responses, logp = self.sampler.sample(prompts_N, settings, seed, first)
-        return Rollout(prompts_N, responses, sampler_logp=logp,
-                       stats={"decode_seconds": time.perf_counter() - t0, "sync_seconds": self.sync_seconds})
+        rest = getattr(self.sampler, "rest", None)  # --vllm-sleep: free the engine's GPU memory until the next sync
+        if rest is not None:
+            rest()
+        stats = {"decode_seconds": time.perf_counter() - t0, "sync_seconds": self.sync_seconds}
+        if getattr(self.sampler, "sleep_level", 0):
+            stats["wake_seconds"] = self.wake_seconds
+        return Rollout(prompts_N, responses, sampler_logp=logp, stats=stats)
 
     def score(self, prompts_N, rollout, *, grad, hidden=False, sync=True):
         return self.inner.score(prompts_N, rollout, grad=grad, hidden=hidden, sync=sync)
@@ -76,7 +87,10 @@ class VLLMPolicy(Policy):
         return self.inner.teacher()
 
     def generate(self, prompts_N, settings, gen, batch_size=16):
-        return self.inner.generate(prompts_N, settings, gen, batch_size)  # probes: the trainer's own weights
+        if self.train:  # a training run's probes: the trainer's own weights, as they are between syncs
+            return self.inner.generate(prompts_N, settings, gen, batch_size)
+        seed = int(torch.randint(2 ** 31, (1,), generator=gen))  # per-request seeds derive from it
+        return self.sampler.sample(prompts_N, settings, seed)[0]  # vLLM batches and schedules the prompts itself
 
     def next_token_logprobs(self, prompts_N, token_ids_N, groups=None, batch_size=32):
         return self.inner.next_token_logprobs(prompts_N, token_ids_N, groups, batch_size)
@@ -84,16 +98,27 @@ class VLLMPolicy(Policy):
     def after_step(self) -> None:
         self.inner.after_step()
         self.steps += 1
-        self.sync_seconds = self.sampler.sync(self.model, self.steps)
+        self._sync()
 
     def after_load(self, step: int) -> None:
         """A resumed checkpoint's weights go to vLLM before the first resumed step samples."""
         self.inner.after_load(step)
         self.steps = step
-        self.sync_seconds = self.sampler.sync(self.model, step)
+        self._sync()
+
+    def _sync(self) -> None:
+        """The engine woken (--vllm-sleep), then the new weights synced: an adapter is loaded into an awake engine,
+        never carried across a sleep (LoRA that silently stops applying after a wake is a known vLLM trap)."""
+        t0 = time.perf_counter()
+        wake = getattr(self.sampler, "wake", None)
+        if wake is not None:
+            wake()
+        self.wake_seconds = time.perf_counter() - t0
+        self.sync_seconds = self.sampler.sync(self.model, self.steps)
 
     def describe(self) -> dict:
         return {**self.inner.describe(), "sampler": type(self.sampler).__name__,
+                "vllm_dtype": getattr(self.sampler, "dtype", None),
                 "vllm_max_model_len": getattr(self.sampler, "max_model_len", None)}
 
     def close(self) -> None:
@@ -109,15 +134,21 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
     device (under torchrun each rank has its own engine on its own GPU); an in-process engine there captures CUDA
     graphs for LoRA runs unless `cuda_graphs` is off (a full fine-tune's engine, and a server started here, run
     eagerly, as on the CPU). `device` and `dtype`: the trainer's model's (make_policy passes them; resolved from
-    the config when not given)."""
-    from opct.backends.select import resolve
+    the config when not given); the engine runs in `vllm_dtype` (auto: bfloat16 on a GPU, else the trainer's)."""
+    from opct.backends.select import resolve, resolve_vllm_dtype
     from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
     from opct.models import resolve as resolve_model
 
     check(cfg)
     if device is None or dtype is None:
         device, dtype, _ = resolve(cfg)
-    kw = dict(dtype=str(dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
+    if cfg.vllm_sleep and (cfg.sampler != "vllm" or device.type != "cuda"):
+        from opct.backends.base import BackendError
+
+        raise BackendError(f"--vllm-sleep {cfg.vllm_sleep}: vLLM's sleep mode needs --sampler vllm (an in-process "
+                           "engine) on a CUDA device; leave it at 0")
+    engine_dtype = resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)
+    kw = dict(dtype=str(engine_dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
               kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=needed_model_len(prompt_lengths, cfg.max_new_tokens))
     on_gpu = device.type == "cuda"
     gpu = str(torch.cuda.current_device()) if on_gpu else None
@@ -127,7 +158,8 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
         # graphs read. A full fine-tune's sync reloads the weights (vllm_worker.WeightSync re-points tied ones), not
         # known to keep the addresses a graph reads, so that engine stays eager, as every engine on the CPU.
         graphs = cfg.cuda_graphs and cfg.lora_rank > 0
-        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not graphs} if on_gpu else {}
+        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not graphs,
+                 **({"sleep_level": cfg.vllm_sleep} if cfg.vllm_sleep else {})} if on_gpu else {}
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
             return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
     if cfg.vllm_url:
@@ -144,6 +176,49 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
     extra_args = ("--gpu-memory-utilization", str(cfg.vllm_gpu_memory)) if on_gpu else ()
     with visible_device(gpu):
         return VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
+
+
+INFERENCE_MAX_MODEL_LEN = 8192  # an evaluation engine's context: the model's own, up to this
+
+
+def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torch.dtype):
+    """An in-process vLLM engine serving the model `name` for evaluation: a dense model directory (an alias, a
+    directory, a Hub id) as it is, or an opct LoRA adapter directory as its base model plus the adapter. Its dtype
+    is `vllm_dtype`'s (auto: bfloat16 on a GPU, else the model's), its context the model's up to
+    INFERENCE_MAX_MODEL_LEN; on a GPU it takes `vllm_gpu_memory` of the device."""
+    import json
+    from pathlib import Path
+
+    from opct.backends.base import BackendError
+    from opct.backends.select import resolve_vllm_dtype
+    from opct.backends.vllm_sampler import VLLMSampler
+    from opct.extras import require
+    from opct.models import adapter_base, resolve as resolve_model
+
+    require("vllm", "--eval-engine vllm", "")
+    path = Path(name)
+    adapter = path if (path / "adapter_config.json").is_file() else None
+    base = resolve_model(adapter_base(adapter) if adapter else name)
+    if base.endswith(".gguf"):
+        raise BackendError(f"--eval-engine vllm: vLLM cannot load the GGUF file {base}; pass a model directory or "
+                           "a Hub id, or --eval-engine policy")
+    rank = json.loads((adapter / "adapter_config.json").read_text()).get("r", 8) if adapter else 0
+    try:
+        from transformers import AutoConfig
+
+        ctx = getattr(AutoConfig.from_pretrained(base), "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+    except (OSError, ValueError):
+        ctx = DEFAULT_MAX_MODEL_LEN
+    on_gpu = device.type == "cuda"
+    extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not cfg.cuda_graphs} if on_gpu else {}
+    with visible_device(str(torch.cuda.current_device()) if on_gpu else None):
+        sampler = VLLMSampler(base, eos_ids, dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype))
+                              .removeprefix("torch."), lora_rank=rank, seed=cfg.seed,
+                              max_model_len=min(ctx, INFERENCE_MAX_MODEL_LEN), kv_cache_gib=cfg.vllm_kv_cache_gib,
+                              **extra)
+    if adapter:
+        sampler.serve_adapter(adapter)
+    return sampler
 
 
 def check(cfg) -> None:

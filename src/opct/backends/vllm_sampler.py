@@ -159,7 +159,7 @@ class VLLMSampler(_Closing):
 
     def __init__(self, model_dir: str, eos_ids, *, dtype: str = "float32", lora_rank: int = 0,
                  max_model_len: int = DEFAULT_MAX_MODEL_LEN, seed: int = 0, workdir: str | None = None,
-                 kv_cache_gib: float = 1, enforce_eager: bool = True, **llm_kwargs):
+                 kv_cache_gib: float = 1, enforce_eager: bool = True, sleep_level: int = 0, **llm_kwargs):
         self.own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="opct-vllm-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -170,12 +170,46 @@ class VLLMSampler(_Closing):
         self.lora = lora_rank > 0
         self.max_model_len = max_model_len
         kw = dict(enable_lora=True, max_lora_rank=max_lora_rank(lora_rank), max_loras=2) if self.lora else {}
+        if sleep_level:
+            kw["enable_sleep_mode"] = True
+        self.model_dir, self.sleep_level, self.asleep = model_dir, sleep_level, False
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=enforce_eager, generation_config="vllm", worker_extension_cls=WORKER_EXT,
                        **kw, **llm_kwargs)
         self._close_at_exit()
         self.versions = _Versions(self.workdir)
         self.lora_request = None  # the adapter served now; None = the engine's own weights
+        self.dtype = dtype
+
+    def rest(self) -> None:
+        """With `sleep_level` (vLLM's sleep mode, GPU only): free the engine's GPU memory while the trainer runs. Level
+        1 moves the weights to host memory and drops the KV cache; level 2 drops both."""
+        if self.sleep_level and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Take the GPU memory back before the next `sync` (which must follow: an adapter is always loaded after the
+        wake, never carried across a sleep). After level 2 the weights are garbage until reloaded: a LoRA engine's
+        base weights from `model_dir` here (a full fine-tune's come with its sync)."""
+        if not self.asleep:
+            return
+        self.llm.wake_up(tags=["weights"])
+        if self.sleep_level == 2 and self.lora:
+            self.llm.collective_rpc("opct_reload_weights", args=(str(self.model_dir),))
+        self.llm.wake_up(tags=["kv_cache"])
+        self.llm.reset_prefix_cache()
+        self.asleep = False
+
+    def serve_adapter(self, path) -> None:
+        """Serve the saved PEFT adapter in `path` (not a version this sampler wrote: it is never deleted) from now
+        on, under a fresh adapter id."""
+        from vllm.lora.request import LoRARequest
+
+        vid = self.versions.next_id
+        self.versions.next_id += 1
+        self.lora_request = LoRARequest(f"opct-{vid}", vid, str(path))
+        self.llm.llm_engine.add_lora(self.lora_request)
 
     def _params(self, settings, seed: int | None, **kw):
         from vllm import SamplingParams
@@ -357,6 +391,7 @@ class VLLMServerSampler(_Closing):
         self.served = model_name  # the model name requests go to: the base, or the current adapter's name
         self.proc = None
         self.max_model_len = max_model_len  # a running server's own: read by _adopt
+        self.dtype = dtype if url is None else None  # a running server's is its own
         if url is None:
             url = self._start(model_dir, dtype, lora_rank, max_model_len, seed, kv_cache_gib, start_timeout,
                               vllm_cmd, extra_args)

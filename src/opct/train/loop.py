@@ -204,8 +204,10 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     cfg, env = apply_env_overrides(validate(cfg))
     trackers.check(cfg.report_to)
     device, dtype, backend = backends.resolve(cfg)
-    backends.check_training(cfg, dtype, backend)
+    asked = cfg.sampler
     replicas, device = distributed.init(device, cfg.parallel)
+    cfg = dataclasses.replace(cfg, sampler=backends.resolve_sampler(cfg, device, replicas.mode))  # auto, resolved
+    backends.check_training(cfg, dtype, backend)
     if replicas.world > 1:
         backend = check_distributed(cfg, replicas, dtype)
     out = check_out_dir(cfg)
@@ -232,7 +234,9 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
                                   lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
     try:
-        return _assemble(cfg, env, out, policy, model, rendered, replicas, device, t_start)
+        run = _assemble(cfg, env, out, policy, model, rendered, replicas, device, t_start)
+        run.provenance.update(sampler_setting=asked, sampler_used=cfg.sampler)
+        return run
     except BaseException:
         policy.close()  # a vLLM engine or server the sampler started is not left running
         raise
@@ -373,8 +377,10 @@ def end_step(run: Run, step: int, row: dict, probe, probe_every: int, bar, show:
         timing = " ".join(f"{k[5:]} {v:.2f}s" for k, v in row.items() if k.startswith("time_"))
         main = " ".join(f"{k} {row[k]:.4f}" for k in ("kl", "loss", "logp_student", "logp_teacher") if k in row)
         probes = " ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("probe_"))
+        weights = (f" | is weight {row['is_weight_mean']:.4f} ratio max {row['is_ratio_max']:.3f} truncated "
+                   f"{row['is_truncated']:.1%}") if "is_weight_mean" in row else ""  # a vLLM sampler's tokens
         tqdm.write(f"step {step + 1:4d} | {main} | len {row['response_len']:.1f} | {timing} | "
-                   f"{row['tokens_per_s']:.0f} tok/s" + (f" | {probes}" if probes else ""))
+                   f"{row['tokens_per_s']:.0f} tok/s" + weights + (f" | {probes}" if probes else ""))
     if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
         checkpoint.save(run.out, step + 1, run.model, run.optimizer, run.scheduler, run.gen, cfg.keep_checkpoints,
                         getattr(run.policy, "replica", None), run.replicas)
