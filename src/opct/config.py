@@ -188,8 +188,40 @@ ENV_OVERRIDES = {"OPCT_CPU_GEMM": "cpu_gemm", "OPCT_PACK_WEIGHTS": "pack_weights
                  "THP_MEM_ALLOC_ENABLE": "huge_pages", "OPCT_THREADS": "threads"}
 
 
+CHAT = "chat template and reasoning (thinking models: docs/reasoning.md)"
+
+
 @dataclass
-class RunConfig(ExecConfig):
+class ChatSettings:
+    """How prompts are rendered for a model (opct.data.pairs.render_prompt: the chat template's options, per side in
+    training) and what of a response is reasoning (opct.data.reasoning)."""
+    chat_template_kwargs: str = opt("", "a JSON object of options passed to the chat template (training: both sides; "
+                                    "evaluation: every prompt), e.g. '{\"enable_thinking\": true}' for a Qwen3-style "
+                                    "thinking model; empty = none", group=CHAT,
+                                    commands=("train", "sft", "eval", "demo"))
+    teacher_chat_template_kwargs: str = opt("", "a JSON object merged over --chat-template-kwargs for the teacher's "
+                                            "side only, where the sides must differ; empty = the student's",
+                                            group=CHAT, commands=TRAINING)
+    think_tags: str = opt("auto", "the tokens that open and close a response's reasoning: auto = <think>,</think> "
+                          "where the tokenizer has each as one token, else none; none; or OPEN,CLOSE", group=CHAT,
+                          commands=TRAINING)
+    train_on_thinking: bool = opt(True, "the loss covers a response's reasoning tokens too (the paper's default); "
+                                  "off: only the answer after the reasoning closes (OPCT's samples and SFT's targets "
+                                  "alike; a response whose reasoning never closes then trains nothing and is counted)",
+                                  group=CHAT, commands=TRAINING)
+
+
+def template_kwargs(cfg) -> tuple[dict, dict]:
+    """(student's, teacher's) chat-template options of a training config: the teacher's merged over the shared."""
+    import json
+
+    shared = json.loads(cfg.chat_template_kwargs) if cfg.chat_template_kwargs else {}
+    return shared, {**shared, **(json.loads(cfg.teacher_chat_template_kwargs)
+                                 if cfg.teacher_chat_template_kwargs else {})}
+
+
+@dataclass
+class RunConfig(ChatSettings, ExecConfig):
     # Data and model
     model: str = opt("smollm2-135m-instruct", "model: built-in alias, .gguf file, local dir or Hub id")
     pairs: str = opt("", "JSONL of consistency pairs: {\"student\": [messages], \"teacher\": [messages], ...}")
@@ -279,7 +311,7 @@ AXIS = "axis options (each axis reads the ones it uses; an axis' own defaults ap
 
 
 @dataclass
-class AxisOptions(ExecConfig):
+class AxisOptions(ChatSettings, ExecConfig):
     """Options of the axis data and evaluation, shared by `opct demo` and `opct eval` so both select the same
     items. An axis may change their defaults (`Axis.defaults`); a value you set (flag or --config YAML) wins."""
     axis: str = opt("sycophancy", "the consistency axis: sycophancy, safety or jailbreak (opct.axes.AXES); "
@@ -407,6 +439,19 @@ def validate(cfg):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
     if getattr(cfg, "sampler", "policy") in ("vllm", "vllm-server"):  # 512: vLLM's largest max_lora_rank
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
+    tags = getattr(cfg, "think_tags", "auto")
+    _check(tags in ("auto", "none") or (len(tags.split(",")) == 2 and all(t.strip() for t in tags.split(","))),
+           "think_tags", "must be auto, none or OPEN,CLOSE (e.g. <think>,</think>)", tags)
+    for name in ("chat_template_kwargs", "teacher_chat_template_kwargs"):
+        text = getattr(cfg, name, "")
+        if text:
+            import json
+
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                value = e
+            _check(isinstance(value, dict), name, "must be a JSON object, e.g. '{\"enable_thinking\": true}'", text)
     if hasattr(cfg, "model"):
         _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)
     if hasattr(cfg, "report_to"):
@@ -430,6 +475,11 @@ def validate(cfg):
 def exec_settings(cfg) -> dict:
     """The ExecConfig part of any config, as a dict (what a run passes on to the models it evaluates)."""
     return {f.name: getattr(cfg, f.name) for f in fields(ExecConfig)}
+
+
+def chat_settings(cfg) -> dict:
+    """The ChatSettings part of a config, as a dict (what the demo passes on to its training runs)."""
+    return {f.name: getattr(cfg, f.name) for f in fields(ChatSettings)}
 
 
 def _kind(f):

@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from opct import threads
-from opct.config import (DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, exec_settings, resumable_fields,
+from opct.config import (DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings, exec_settings, resumable_fields,
                          to_yaml)
 from opct.data.io import atomic_write, write_json
 
@@ -193,6 +193,8 @@ def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
     if not (d / "demo.yaml").is_file():
         return "other", []
     recorded, _ = read_yaml(d / "demo.yaml")
+    # a setting an older opct did not have is recorded as its default (what that opct did)
+    recorded = {**{f.name: f.default for f in dataclasses.fields(cfg)}, **recorded}
     now = dataclasses.asdict(cfg)
     changed = sorted(k for k in {*recorded, *now} - NOT_SETTINGS if recorded.get(k) != now.get(k))
     if changed:
@@ -312,7 +314,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
                       micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
                       lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed,
-                      save_every=SAVE_EVERY, report_to=cfg.report_to, **exec_settings(cfg))
+                      save_every=SAVE_EVERY, report_to=cfg.report_to, **exec_settings(cfg), **chat_settings(cfg))
         for m in methods:
             bar.set_postfix_str(f"training {m}")
             if m == "sft":

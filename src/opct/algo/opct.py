@@ -14,6 +14,7 @@ The step only talks to a `Policy` (backends/base.py); how sampling and scoring r
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from opct.algo import losses
 from opct.backends.base import Policy, Scores
 from opct.backends.sampling import SamplingSettings
 from opct.config import TrainConfig
+from opct.data import reasoning
 from opct.data.pairs import ConsistencyPair
 from opct.train import loop
 
@@ -60,13 +62,19 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     prompts_s = [s for s, _ in batch for _ in range(G)]
     prompts_t = [t for _, t in batch for _ in range(G)]
     exact = cfg.loss != "sampled"  # the exact losses need hidden states, not just the sampled tokens' log-probs
+    tags = reasoning.think_ids(policy.tok, cfg.think_tags)  # a thinking model's reasoning span, or None
+    answer_only = tags is not None and not cfg.train_on_thinking
 
     # 1. the student samples on the perturbed prompts
     t0 = time.perf_counter()
     rollout = policy.sample(prompts_s, SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k),
                             gen)
-    # one normaliser for every micro-batch and every data-parallel replica: the update is one big batch's
-    n_tokens = policy.replicas.sum(rollout.n_tokens)
+    # one normaliser for every micro-batch and every data-parallel replica: the update is one big batch's, over the
+    # tokens the loss covers (without the reasoning under train_on_thinking off)
+    starts = [reasoning.answer_start(r, tags) for r in rollout.responses]
+    n_sampled = policy.replicas.sum(rollout.n_tokens)
+    n_tokens = policy.replicas.sum(sum(len(r) - st for r, st in zip(rollout.responses, starts) if st is not None)
+                                   if answer_only else rollout.n_tokens)
     parts = rollout.parts(cfg.micro_batch)
 
     # 2. the frozen teacher scores the same tokens after the clean prompt
@@ -83,6 +91,9 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     ratio_max = 0.0
     for i, ((c, part), t) in enumerate(zip(parts, teacher_scores)):
         s = policy.score(part.prompts, part, grad=True, hidden=exact, sync=i == len(parts) - 1)
+        if answer_only:  # the reasoning tokens leave the loss (and the importance weights' counts)
+            s = dataclasses.replace(s, mask_NT=s.mask_NT * reasoning.answer_mask(part.responses, tags,
+                                                                                 s.mask_NT.shape[1])[0])
         w_NT = None
         if part.sampler_logp is not None:
             logp_v_NT, real_NT = sampler_logprobs(part.sampler_logp, s.logp_NT), s.mask_NT.bool()
@@ -93,21 +104,25 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
                 mismatch["is_truncated"] += float((ratio_NT[real_NT] > cfg.sampler_is_cap).sum())
                 ratio_max = max([ratio_max, *ratio_NT[real_NT].tolist()])
         loss, kl = consistency_loss(cfg, s, t, w_NT)
-        (loss / n_tokens).backward()
+        (loss / max(n_tokens, 1)).backward()
         sums["loss"] += float(loss.detach())
         sums["kl"] += float(kl)
-        sums["logp_student"] += float(s.logp_NT.detach().sum())
-        sums["logp_teacher"] += float(t.logp_NT.sum())
+        sums["logp_student"] += float((s.logp_NT.detach() * s.mask_NT).sum())  # over the tokens the loss covers
+        sums["logp_teacher"] += float((t.logp_NT * s.mask_NT).sum())
     t3 = time.perf_counter()
 
     if rollout.sampler_logp is not None:  # every replica's rollout comes from the same kind of sampler
         sums.update(mismatch if cfg.sampler_is_cap > 0 else {"sampler_logp_gap": mismatch["sampler_logp_gap"]})
-    row = {k: v / n_tokens for k, v in policy.replicas.sum(sums).items()}
+    row = {k: v / max(n_tokens, 1) for k, v in policy.replicas.sum(sums).items()}
     if rollout.sampler_logp is not None and cfg.sampler_is_cap > 0:
         row["is_ratio_max"] = policy.replicas.max(ratio_max)
     responses = policy.replicas.gather(rollout.responses)  # the global batch's
     prompt_tokens = policy.replicas.sum({"s": sum(map(len, prompts_s)), "t": sum(map(len, prompts_t))})
-    row.update(response_len=n_tokens / len(responses), response_tokens=n_tokens,
+    if tags is not None:  # responses whose reasoning never closed within max_new_tokens
+        row["unclosed_reasoning"] = policy.replicas.sum(starts.count(None)) / len(responses)
+    if answer_only:
+        row["loss_tokens"] = n_tokens
+    row.update(response_len=n_sampled / len(responses), response_tokens=n_sampled,
                prompt_tokens=int(prompt_tokens["s"]), teacher_prompt_tokens=int(prompt_tokens["t"]),
                decode_steps=max(map(len, responses)),
                distinct_responses=len(set(map(tuple, responses))) / len(responses),

@@ -18,6 +18,7 @@ from opct.backends.base import Policy, Rollout
 from opct.backends.sampling import SamplingSettings
 from opct.config import SFTConfig
 from opct.data.io import atomic_write
+from opct.data import reasoning
 from opct.data.pairs import ConsistencyPair
 from opct.train import loop
 
@@ -66,10 +67,16 @@ def make_targets(run: loop.Run, cfg: SFTConfig) -> list[tuple[list[int], list[in
     return examples
 
 
-def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_batch: int) -> dict:
+def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_batch: int,
+             answer_tags: tuple[int, int] | None = None) -> dict:
     """One optimizer step's forward/backward work: summed negative log-likelihood of the targets after the
-    student prompts, divided by the step's total target-token count."""
-    n_tokens = policy.replicas.sum(sum(len(r) for _, r in batch))  # over data-parallel replicas too
+    student prompts, divided by the step's total target-token count. `answer_tags`: a thinking model's reasoning
+    tags when only the answers train (train_on_thinking off): the targets' reasoning tokens leave the loss."""
+    def kept(r):
+        st = reasoning.answer_start(r, answer_tags)
+        return 0 if st is None else len(r) - st
+
+    n_tokens = policy.replicas.sum(sum(kept(r) for _, r in batch))  # over data-parallel replicas too
     t0 = time.perf_counter()
     total = 0.0
     starts = range(0, len(batch), micro_batch)
@@ -77,11 +84,14 @@ def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_bat
         mb = batch[c:c + micro_batch]
         prompts = [s for s, _ in mb]
         scores = policy.score(prompts, Rollout(prompts, [r for _, r in mb]), grad=True, sync=c == starts[-1])
-        nll = -scores.logp_NT.sum()
-        (nll / n_tokens).backward()
+        logp_NT = scores.logp_NT
+        if answer_tags is not None:
+            logp_NT = logp_NT * reasoning.answer_mask([r for _, r in mb], answer_tags, logp_NT.shape[1])[0]
+        nll = -logp_NT.sum()
+        (nll / max(n_tokens, 1)).backward()
         total += float(nll.detach())
     n_seq = policy.replicas.sum(len(batch))
-    return {"loss": policy.replicas.sum(total) / n_tokens, "response_len": n_tokens / n_seq,
+    return {"loss": policy.replicas.sum(total) / max(n_tokens, 1), "response_len": n_tokens / n_seq,
             "response_tokens": n_tokens, "time_student": time.perf_counter() - t0}
 
 
@@ -92,11 +102,13 @@ def train_sft(cfg: SFTConfig, pairs: list[ConsistencyPair] | None = None, probe=
         examples = make_targets(run, run.cfg)
         targets_s = time.perf_counter() - t0
         per_step = cfg.prompts_per_step * cfg.samples_per_prompt  # the same number of sequences as an OPCT step
+        tags = reasoning.think_ids(run.policy.tok, cfg.think_tags)
+        answer_tags = tags if tags is not None and not cfg.train_on_thinking else None
         bar = loop.steps(run, "sft", show_progress)
         for step in bar:
             idx = loop.data_order(len(examples), cfg.seed, step * per_step, per_step)
             batch, _ = loop.share(run, [examples[i] for i in idx])  # this process's share (all of it in one process)
-            row = sft_step(run.policy, batch, cfg.micro_batch)
+            row = sft_step(run.policy, batch, cfg.micro_batch, answer_tags)
             row.update(loop.optimizer_step(run, step, row["loss"]))
             loop.end_step(run, step, row, probe, probe_every, bar, show_progress)
         return loop.save_final(run, {"targets_seconds": targets_s, "examples": len(examples)})

@@ -117,14 +117,15 @@ MEMBERS = (*Axis.__annotations__, *(n for n, v in vars(Axis).items() if callable
 
 def respond(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
             seed: int = 0) -> list[str]:
-    """One response per chat (messages rendered with the chat template and its generation prompt), decoded to
-    text without special tokens. Greedy by default; sampled ones draw from one generator seeded with `seed`, so the
-    same call gives the same answers. Batching and execution are the policy's (`Policy.generate`)."""
+    """One response per chat (messages rendered with the chat template, its options `policy.chat_options`, and its
+    generation prompt), decoded to text without special tokens. Greedy by default; sampled ones draw from one
+    generator seeded with `seed`, so the same call gives the same answers. Batching and execution are the policy's
+    (`Policy.generate`)."""
     from opct.backends.sampling import SamplingSettings
     from opct.data.pairs import render_prompt
 
     tok = policy.tok
-    ids = [render_prompt(tok, m) for m in chats]
+    ids = [render_prompt(tok, m, policy.chat_options) for m in chats]
     responses = policy.generate(ids, SamplingSettings(max_new_tokens, temperature), torch.Generator().manual_seed(seed),
                                 batch_size=batch_size)
     return [tok.decode(r, skip_special_tokens=True).strip() for r in responses]

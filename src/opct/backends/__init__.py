@@ -76,6 +76,10 @@ def inference_policy(name: str, cfg) -> Policy:
         from opct.backends.vllm import VLLMPolicy, inference_sampler
 
         policy = VLLMPolicy(policy, inference_sampler(name, cfg, eos, device, dtype), train=False)
+    if getattr(cfg, "chat_template_kwargs", ""):
+        import json
+
+        policy.chat_options = json.loads(cfg.chat_template_kwargs)
     return policy
 
 

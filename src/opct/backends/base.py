@@ -88,6 +88,9 @@ class Policy:
     eos_ids: set[int]
     device: torch.device
     replicas: Replicas = SINGLE  # the data-parallel processes this one belongs to (train/distributed.py)
+    # options for the chat template when an axis or probe renders prompts for this policy (e.g. enable_thinking):
+    # set from --chat-template-kwargs by inference_policy and start_run
+    chat_options: dict = {}
 
     def sample(self, prompts_N: list[list[int]], settings: SamplingSettings, gen: torch.Generator) -> Rollout:
         raise NotImplementedError

@@ -93,9 +93,10 @@ def save_pairs(pairs: list[ConsistencyPair], path: str | Path) -> None:
     atomic_write(path, "".join(lines))
 
 
-def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` + the assistant generation prompt, via the tokenizer's chat template; when the last
-    message is an assistant turn, it is left open instead (a response prefix the model continues)."""
+def render_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of `messages` + the assistant generation prompt, via the tokenizer's chat template with its options
+    `template_kwargs` (e.g. enable_thinking); when the last message is an assistant turn, it is left open instead (a
+    response prefix the model continues)."""
     if not getattr(tokenizer, "chat_template", None):
         raise PairsError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
@@ -103,7 +104,7 @@ def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
     # A final assistant turn is a response prefix: rendered open (no end-of-turn) for the model to continue.
     prefix = messages[-1]["role"] == "assistant"
     ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=not prefix,
-                                        continue_final_message=prefix, return_dict=False)
+                                        continue_final_message=prefix, return_dict=False, **(template_kwargs or {}))
     if hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)

@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 import opct
 from opct import backends, models, threads
 from opct.backends.base import Policy
-from opct.config import RunConfig, apply_env_overrides, resumable_fields, to_yaml, validate
+from opct.config import RunConfig, apply_env_overrides, resumable_fields, template_kwargs, to_yaml, validate
+from opct.data import reasoning
 from opct.data.io import atomic_write, write_json
 from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
 from opct.models import add_lora, load_model
@@ -127,11 +128,13 @@ def newest_whole_checkpoint(out: Path) -> str | None:
                    "start a new --out")
 
 
-def render_pairs(tok, pairs: list[ConsistencyPair], max_length: int, max_new_tokens: int):
-    """Token ids of both sides of every pair; a pair that cannot fit its response is an error."""
+def render_pairs(tok, pairs: list[ConsistencyPair], max_length: int, max_new_tokens: int,
+                 options: tuple[dict, dict] = ({}, {})):
+    """Token ids of both sides of every pair (`options`: the student's and the teacher's chat-template options,
+    config.template_kwargs); a pair that cannot fit its response is an error."""
     rendered = []
     for i, p in enumerate(pairs):
-        s_ids, t_ids = render_prompt(tok, p.student), render_prompt(tok, p.teacher)
+        s_ids, t_ids = render_prompt(tok, p.student, options[0]), render_prompt(tok, p.teacher, options[1])
         longest = max(len(s_ids), len(t_ids))
         if longest + max_new_tokens > max_length:
             where = p.meta.get("_where", f"pair {i}")
@@ -220,8 +223,12 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     seed_everything(cfg.seed)
     model, tok = load_model(cfg.model, device=device, dtype=dtype)
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 2048)
-    rendered = render_pairs(tok, pairs, max_length, cfg.max_new_tokens)
+    rendered = render_pairs(tok, pairs, max_length, cfg.max_new_tokens, template_kwargs(cfg))
     eos_ids = models.eos_ids(model, tok)
+    try:  # tags that are not one token each stop the run here, before any step
+        reasoning.think_ids(tok, cfg.think_tags)
+    except reasoning.ReasoningError as e:
+        raise RunError(str(e)) from None
 
     hidden = getattr(model.config, "hidden_size", None)
     if hidden and cfg.lora_rank > hidden:
@@ -233,6 +240,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
         model.requires_grad_(True)
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
                                   lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
+    policy.chat_options = template_kwargs(cfg)[0]  # probes render held-out prompts as the student's are
     try:
         run = _assemble(cfg, env, out, policy, model, rendered, replicas, device, t_start)
         run.provenance.update(sampler_setting=asked, sampler_used=cfg.sampler)

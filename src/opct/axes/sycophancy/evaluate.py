@@ -46,8 +46,8 @@ def text_readable(tokenizer, mcq: MCQ) -> bool:
     return text_token_ids(tokenizer, mcq.choices) is not None
 
 
-def prompt_ids(tokenizer, messages: list[dict], mode: str) -> list[int]:
-    ids = render_prompt(tokenizer, messages)
+def prompt_ids(tokenizer, messages: list[dict], mode: str, template_kwargs: dict | None = None) -> list[int]:
+    ids = render_prompt(tokenizer, messages, template_kwargs)
     return ids + tokenizer.encode(ANSWER_PREFIX, add_special_tokens=False) if mode == "text" else ids
 
 
@@ -75,7 +75,7 @@ def option_logprobs(policy, list_of_messages: list[list[dict]], batch_size: int 
         if bad:
             raise ValueError(f"prompt {bad[0]}: options {choices[bad[0]]} share a first token; "
                              "filter questions with text_readable() first")
-    ids = [prompt_ids(tokenizer, m, mode) for m in list_of_messages]
+    ids = [prompt_ids(tokenizer, m, mode, policy.chat_options) for m in list_of_messages]
     flat = [[t for spellings in c for t in spellings] for c in cands]  # every option's token ids, in order
     logp = policy.next_token_logprobs(ids, flat, groups, batch_size)
     out_NK = torch.full((len(ids), max((len(c) for c in cands), default=1)), -math.inf)

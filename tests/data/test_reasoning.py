@@ -1,0 +1,41 @@
+"""Where a response's reasoning ends (opct.data.reasoning)."""
+
+import pytest
+import torch
+
+from opct.data import reasoning
+
+OPEN, CLOSE, EOS = 900, 901, 2
+
+
+def test_the_answer_starts_after_the_first_close_and_an_unclosed_span_has_none():
+    tags = (OPEN, CLOSE)
+    assert reasoning.answer_start([OPEN, 5, 6, CLOSE, 7, 8, EOS], tags) == 4
+    assert reasoning.answer_start([OPEN, 5, CLOSE, 7, CLOSE, EOS], tags) == 3  # the first close ends it
+    assert reasoning.answer_start([OPEN, 5, 6], tags) is None  # ran out of tokens while reasoning
+    assert reasoning.answer_start([7, 8, EOS], tags) == 0  # no reasoning (skipped, or closed by the prompt)
+    assert reasoning.answer_start([OPEN, 5, CLOSE], tags) == 3  # closed, empty answer
+    assert reasoning.answer_start([OPEN, 5, 6], None) == 0  # a model without a reasoning span: all answer
+
+
+def test_answer_mask_keeps_answer_tokens_only_and_counts_unclosed_spans():
+    responses = [[OPEN, 5, CLOSE, 7, EOS], [OPEN, 5, 6], [7, 8, EOS]]
+    keep, unclosed = reasoning.answer_mask(responses, (OPEN, CLOSE), T=5)
+    assert unclosed == 1
+    assert keep.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [1, 1, 1, 0, 0]]
+    keep, unclosed = reasoning.answer_mask(responses, None, T=5)
+    assert unclosed == 0 and torch.equal(keep.sum(1), torch.tensor([5.0, 3.0, 3.0]))
+
+
+def test_think_tags_are_found_only_where_each_is_one_token(tokenizer):
+    assert reasoning.think_ids(tokenizer, "auto") is None  # SmolLM2's tokenizer splits <think> into pieces
+    assert reasoning.think_ids(tokenizer, "none") is None
+    tok = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    tok.add_tokens(["<think>", "</think>"])
+    ids = reasoning.think_ids(tok, "auto")
+    assert ids == (tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>"))
+    assert reasoning.think_ids(tok, " <think> , </think> ") == ids
+    with pytest.raises(reasoning.ReasoningError, match="<reason> is not one token"):
+        reasoning.think_ids(tok, "<reason>,</think>")
+    with pytest.raises(reasoning.ReasoningError, match="expected auto, none or OPEN,CLOSE"):
+        reasoning.think_ids(tok, "<think>")

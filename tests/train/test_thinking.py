@@ -1,0 +1,206 @@
+"""Thinking models in training: chat-template options per side, the rendered ids of pairs with reasoning, zero KL on
+identical pairs with thinking on, and the loss with and without the reasoning tokens (a tiny random Llama with the
+SmolLM2 tokenizer plus <think> / </think> tokens and a Qwen3-style template of our own)."""
+
+import pytest
+import torch
+
+from opct.algo.opct import opct_step, train
+from opct.backends.base import Policy, Rollout
+from opct.config import ConfigError, SFTConfig, template_kwargs, validate
+from opct.data import reasoning
+from opct.data.pairs import ConsistencyPair
+from opct.train.loop import RunError, render_pairs
+from tests.conftest import FIXTURES, TOKENIZER_DIR
+from tests.train.test_train import cfg_for, metrics, policy_for
+
+TEMPLATE = (FIXTURES / "thinking_chat_template.jinja").read_text()
+THINK_ON, THINK_OFF = '{"enable_thinking": true}', '{"enable_thinking": false}'
+
+
+@pytest.fixture(scope="module")
+def thinking_model_dir(tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("thinking") / "model"
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.chat_template = TEMPLATE
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(thinking_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(thinking_model_dir)
+
+
+MULTI_TURN = [{"role": "user", "content": "What is 2+2?"},
+              {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\nIt is 4."},
+              {"role": "user", "content": "And 3+3? I think it's 7."}]
+
+
+def test_rendered_multi_turn_pairs_with_reasoning_are_pinned(tok):
+    """The template's own rules: an earlier turn's reasoning is dropped; enable_thinking false closes an empty span
+    in the generation prompt; the teacher's options merge over the shared ones."""
+    pair = ConsistencyPair(MULTI_TURN, [MULTI_TURN[0], MULTI_TURN[1], {"role": "user", "content": "And 3+3?"}])
+    common = ("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\nIt is 4.<|im_end|>\n"
+              "<|im_start|>user\nAnd 3+3?")
+    cfg = validate(SFTConfig(chat_template_kwargs=THINK_ON, teacher_chat_template_kwargs=THINK_OFF))
+    assert template_kwargs(cfg) == ({"enable_thinking": True}, {"enable_thinking": False})
+    (s_ids, t_ids), = render_pairs(tok, [pair], 256, 8, template_kwargs(cfg))
+    assert s_ids == tok.encode(common + " I think it's 7.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    assert t_ids == tok.encode(common + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                               add_special_tokens=False)
+    (s_default, _), = render_pairs(tok, [pair], 256, 8)
+    assert s_default == s_ids  # the template's default here is thinking on
+    # an assistant turn after the last user turn keeps its reasoning (a response prefix the model continues)
+    prefix = [MULTI_TURN[0], {"role": "assistant", "content": "<think>\nTwo and two."}]
+    (p_ids, _), = render_pairs(tok, [ConsistencyPair(prefix, prefix)], 256, 8)
+    assert tok.decode(p_ids).endswith("<|im_start|>assistant\n<think>\nTwo and two.")
+
+
+def test_chat_template_options_must_be_json_objects():
+    for bad in ("enable_thinking=true", "[1, 2]", "{bad json"):
+        with pytest.raises(ConfigError, match="--chat-template-kwargs must be a JSON object"):
+            validate(SFTConfig(chat_template_kwargs=bad))
+    with pytest.raises(ConfigError, match="--think-tags must be auto, none or OPEN,CLOSE"):
+        validate(SFTConfig(think_tags="<think>"))
+
+
+@pytest.mark.parametrize("backend", ["hf", "cpu"])
+@pytest.mark.parametrize("train_on_thinking", [True, False])
+def test_identical_pairs_with_thinking_on_give_exactly_zero_kl(thinking_model_dir, tmp_path, backend,
+                                                              train_on_thinking):
+    pairs = [ConsistencyPair([{"role": "user", "content": q}], [{"role": "user", "content": q}])
+             for q in ("What is 2+2?", "Name a colour.", "Is water wet?")]
+    out = tmp_path / "run"
+    train(cfg_for(thinking_model_dir, out, backend=backend, steps=2, chat_template_kwargs=THINK_ON,
+                  train_on_thinking=train_on_thinking), pairs=pairs, show_progress=False)
+    for row in metrics(out):
+        assert row["kl"] == 0.0 and row["loss"] == 0.0 and row["grad_norm"] == 0.0
+        assert 0 <= row["unclosed_reasoning"] <= 1  # the tags are the tokenizer's: counted every step
+    saved = (out / "config.yaml").read_text()
+    assert "chat_template_kwargs: '{\"enable_thinking\": true}'" in saved
+
+
+class FixedResponses(Policy):
+    """The wrapped policy, sampling fixed responses (the same every call): a thinking span that closes, one that
+    never closes, and an answer without reasoning."""
+
+    def __init__(self, inner, responses):
+        self.inner, self.responses = inner, responses
+        self.model, self.tok, self.pad_id, self.eos_ids, self.device = (inner.model, inner.tok, inner.pad_id,
+                                                                         inner.eos_ids, inner.device)
+
+    def sample(self, prompts_N, settings, gen):
+        return Rollout(prompts_N, [list(r) for r in self.responses[:len(prompts_N)]])
+
+    def score(self, prompts_N, rollout, *, grad, hidden=False, sync=True):
+        return self.inner.score(prompts_N, rollout, grad=grad, hidden=hidden, sync=sync)
+
+    def teacher(self):
+        return self.inner.teacher()
+
+
+def test_the_loss_covers_the_reasoning_or_only_the_answer(thinking_model_dir, tok):
+    """train_on_thinking off: the loss and its normaliser cover each response's tokens after </think> only, a
+    response whose reasoning never closes contributes nothing and is counted, one without reasoning counts whole.
+    Checked against the per-token KL estimate computed here from both sides' scores."""
+    o, c = reasoning.think_ids(tok, "auto")
+    word = tok.encode(" yes", add_special_tokens=False)[0]
+    responses = [[o, word, word, c, word, word, tok.eos_token_id], [o, word, word], [word, word, tok.eos_token_id]]
+    pairs = [ConsistencyPair([{"role": "system", "content": "Agree."}, {"role": "user", "content": q}],
+                             [{"role": "user", "content": q}]) for q in ("Is it?", "Sure?", "Really?")]
+    rows, per_token = {}, None
+    for on in (True, False):
+        cfg = cfg_for(thinking_model_dir, "unused", backend="hf", samples_per_prompt=1, micro_batch=3,
+                      train_on_thinking=on)
+        inner, _ = policy_for(thinking_model_dir, "hf", cfg.lora_rank, cfg)
+        batch = render_pairs(tok, pairs, 256, cfg.max_new_tokens)
+        policy = FixedResponses(inner, responses)
+        rows[on] = opct_step(policy, batch, cfg, torch.Generator().manual_seed(0))
+        if per_token is None:  # k_t = log p_student - log p_teacher on every sampled token, from the scores
+            r = Rollout([s for s, _ in batch], responses)
+            with torch.no_grad():
+                s = inner.score(r.prompts, r, grad=False)
+                with inner.teacher() as t:
+                    t_s = t.score([t_ for _, t_ in batch], r, grad=False)
+            per_token = ((s.logp_NT - t_s.logp_NT) * s.mask_NT).tolist()
+    assert rows[True]["response_tokens"] == rows[False]["response_tokens"] == 13
+    assert rows[True]["unclosed_reasoning"] == rows[False]["unclosed_reasoning"] == pytest.approx(1 / 3)
+    assert "loss_tokens" not in rows[True] and rows[False]["loss_tokens"] == 3 + 0 + 3
+    all_tokens = sum(sum(row[:len(resp)]) for row, resp in zip(per_token, responses)) / 13
+    answers_only = (sum(per_token[0][4:7]) + sum(per_token[2][:3])) / 6
+    assert rows[True]["kl"] == pytest.approx(all_tokens, rel=1e-4, abs=1e-6)
+    assert rows[False]["kl"] == pytest.approx(answers_only, rel=1e-4, abs=1e-6)
+    assert rows[False]["kl"] != pytest.approx(rows[True]["kl"], rel=1e-3)
+
+
+def test_sft_trains_on_the_targets_answers_only_when_asked(thinking_model_dir, tok):
+    """SFT's targets lose their reasoning tokens from the loss likewise (train_on_thinking off): the NLL and its
+    normaliser cover the answers after </think> only, checked against the targets' log-probs computed here."""
+    from opct.algo.sft import sft_step
+
+    o, c = reasoning.think_ids(tok, "auto")
+    w = tok.encode(" yes", add_special_tokens=False)[0]
+    targets = [[o, w, c, w, tok.eos_token_id], [o, w, w], [w, tok.eos_token_id]]
+    prompt = render_pairs(tok, [ConsistencyPair([{"role": "user", "content": "Is it?"}],
+                                                [{"role": "user", "content": "Is it?"}])], 256, 8)[0][0]
+    batch = [(prompt, t) for t in targets]
+    cfg = cfg_for(thinking_model_dir, "unused", cls=SFTConfig, backend="hf")
+    policy, _ = policy_for(thinking_model_dir, "hf", cfg.lora_rank, cfg)
+    r = Rollout([prompt] * 3, targets)
+    with torch.no_grad():
+        logp = policy.score(r.prompts, r, grad=False).logp_NT.tolist()
+    whole = sft_step(policy, batch, micro_batch=3)
+    answers = sft_step(policy, batch, micro_batch=3, answer_tags=(o, c))
+    assert whole["response_tokens"] == 10 and answers["response_tokens"] == 2 + 0 + 2
+    assert whole["loss"] == pytest.approx(-sum(sum(row[:len(t)]) for row, t in zip(logp, targets)) / 10, rel=1e-4)
+    assert answers["loss"] == pytest.approx(-(sum(logp[0][3:5]) + sum(logp[2][:2])) / 4, rel=1e-4)
+
+
+def test_think_tags_that_are_not_one_token_stop_the_run_before_any_step(tiny_model_dir, tmp_path):
+    pairs = [ConsistencyPair([{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Hi"}])]
+    with pytest.raises(RunError, match="<think> and </think> are not one token of this tokenizer"):
+        train(cfg_for(tiny_model_dir, tmp_path / "run", think_tags="<think>,</think>"), pairs=pairs,
+              show_progress=False)
+
+
+def test_evaluations_render_prompts_with_the_chat_template_options(thinking_model_dir, tok, monkeypatch):
+    """`opct eval --chat-template-kwargs`: the evaluation policy carries the options, and both ways an axis reads a
+    model (generated replies, the one-prefill answer reading) render every prompt with them, e.g. a Qwen3-style
+    model with thinking off answers right after an empty reasoning span."""
+    from opct.axes.base import respond
+    from opct.axes.sycophancy.evaluate import read_answers
+    from opct.backends import inference_policy
+    from opct.config import EvalConfig
+
+    policy = inference_policy(str(thinking_model_dir), validate(EvalConfig(device="cpu", backend="hf",
+                                                                           chat_template_kwargs=THINK_OFF)))
+    assert policy.chat_options == {"enable_thinking": False}
+    seen = []
+    real_generate, real_next = policy.generate, policy.next_token_logprobs
+    monkeypatch.setattr(policy, "generate", lambda ids, *a, **kw: (seen.extend(ids), real_generate(ids, *a, **kw))[1])
+    monkeypatch.setattr(policy, "next_token_logprobs",
+                        lambda ids, *a, **kw: (seen.extend(ids), real_next(ids, *a, **kw))[1])
+    chat = [{"role": "user", "content": "Is water wet? (A) yes (B) no"}]
+    respond(policy, [chat], max_new_tokens=2)
+    read_answers(policy, [chat], n_choices=2)
+    closed = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
+    assert len(seen) == 2 and all(ids[-len(closed):] == closed for ids in seen)
+    plain = inference_policy(str(thinking_model_dir), EvalConfig(device="cpu", backend="hf"))
+    assert plain.chat_options == {}
