@@ -292,10 +292,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     from opct.train.distributed import DistributedError
     from opct.train.loop import RunError
     from opct.train.trackers import TrackerError
+    from opct.data.reasoning import ReasoningError
 
     return (config.ConfigError, AxisError, PairsError, ModelError, RunError, McqError, BackendError, CheckpointError,
             DistributedError, TaskError, OfflineTaskError, HarmfulDataError, SafetyDataError, JudgeError,
-            MissingExtra, TrackerError, FileNotFoundError)
+            MissingExtra, TrackerError, ReasoningError, FileNotFoundError)
 
 
 if __name__ == "__main__":

@@ -203,8 +203,9 @@ class ChatSettings:
                                             "side only, where the sides must differ; empty = the student's",
                                             group=CHAT, commands=TRAINING)
     think_tags: str = opt("auto", "the tokens that open and close a response's reasoning: auto = <think>,</think> "
-                          "where the tokenizer has each as one token, else none; none; or OPEN,CLOSE", group=CHAT,
-                          commands=TRAINING)
+                          "where the tokenizer has each as one token, else none; none; or OPEN,CLOSE. Evaluations "
+                          "grade the answer after the reasoning", group=CHAT,
+                          commands=("train", "sft", "eval", "demo"))
     train_on_thinking: bool = opt(True, "the loss covers a response's reasoning tokens too (the paper's default); "
                                   "off: only the answer after the reasoning closes (OPCT's samples and SFT's targets "
                                   "alike; a response whose reasoning never closes then trains nothing and is counted)",
@@ -359,6 +360,9 @@ class AxisOptions(ChatSettings, ExecConfig):
                                   group=AXIS, axes=("jailbreak",))
     max_new_tokens: int = opt(16, "response tokens: OPCT samples, SFT targets, and generated eval responses "
                               "(safety)", group=AXIS)
+    think_max_tokens: int = opt(512, "a thinking model (--think-tags): reasoning tokens its generated evaluation "
+                                "answers may take on top of their own budget; a reply whose reasoning does not close "
+                                "within them is counted as unclosed, never graded as an answer", group=AXIS)
     seed: int = opt(0, "seed for the data split, perturbations and sampling", group=AXIS)
     batch_size: int = opt(32, "evaluation prompts per forward pass / generation batch", group=AXIS)
 
@@ -411,7 +415,7 @@ def validate(cfg):
                 "top_k": 0, "lora_rank": 0, "warmup_steps": 0, "save_every": 0, "keep_checkpoints": 1,
                 "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "batch_size": 1,
                 "probe_every": 0, "probe_n": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
-                "attack_samples": 0, "eval_max_new_tokens": 1}
+                "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1}
     for name, low in at_least.items():
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))

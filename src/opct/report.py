@@ -58,6 +58,19 @@ def ordered(keys, preferred) -> list:
     return [k for k in preferred if k in seen] + [k for k in seen if k not in preferred]
 
 
+def unclosed_block(methods: dict, names: list[str]):
+    """A paragraph for a thinking model's results (an evaluation that has `unclosed_reasoning`): what was graded
+    and how many replies were not, by method; None for a model without reasoning."""
+    counts = {m: methods[m].get("unclosed_reasoning") for m in names}
+    if not any(c is not None for c in counts.values()):
+        return None
+    shown = "; ".join(f"{label(m)} {sum((c or {}).values())} ({', '.join(f'{s} {n}' for s, n in (c or {}).items())})"
+                      for m, c in counts.items())
+    return ("p", "A thinking model: the judges graded each reply's answer after its reasoning. Replies whose "
+                 "reasoning did not close within --think-max-tokens have no answer: they were not graded, are counted "
+                 f"with the unparsed ones, and number: {shown}.")
+
+
 def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -170,7 +183,7 @@ def grouped_bars(ax, groups: list[str], methods: list[str], get, title: str) -> 
         xs, vals, below, above = [], [], [], []
         for j, g in enumerate(groups):
             c = get(m, g)
-            if c is None:
+            if c is None or not is_number(c.get("value")):  # no cell, or a rate over no graded item (n = 0)
                 continue
             v = c["value"]
             lo = c["lo"] if is_number(c.get("lo")) else v

@@ -139,6 +139,14 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
     assert ["cracked share", "0.70 [0.50, 0.90]", "0.20 [0.00, 0.40]"] in tables[1][2]
     assert (tmp_path / "plots" / "jailbreak_by_split.png").stat().st_size > 1000
     assert any(b[0] == "table" and b[2][0][2] == "I'm sorry" for b in blocks)
+    # a split where no answer could be graded (every reply unparseable, or a thinking model's reasoning never closed):
+    # its rate is None over n = 0, shown as such, and the plot leaves its bar out instead of failing
+    empty = method(0.6)
+    empty["asr"]["heldout_family"] = {"value": None, "lo": 0.0, "hi": 1.0, "n": 0}
+    empty["unclosed_reasoning"] = {"heldout_family": 10}
+    blocks = JR.report_blocks({"methods": {"base": empty}}, tmp_path / "empty")
+    assert (tmp_path / "empty" / "plots" / "jailbreak_by_split.png").stat().st_size > 1000
+    assert any(b[0] == "p" and "base 10 (heldout_family 10)" in b[1] for b in blocks)
 
 
 @pytest.mark.parametrize("backend", ["hf", "cpu"])

@@ -71,7 +71,7 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
                             gen)
     # one normaliser for every micro-batch and every data-parallel replica: the update is one big batch's, over the
     # tokens the loss covers (without the reasoning under train_on_thinking off)
-    starts = [reasoning.answer_start(r, tags) for r in rollout.responses]
+    starts = [reasoning.answer_start(r, tags, reasoning.opens(p, tags)) for p, r in zip(prompts_s, rollout.responses)]
     n_sampled = policy.replicas.sum(rollout.n_tokens)
     n_tokens = policy.replicas.sum(sum(len(r) - st for r, st in zip(rollout.responses, starts) if st is not None)
                                    if answer_only else rollout.n_tokens)
@@ -92,8 +92,8 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     for i, ((c, part), t) in enumerate(zip(parts, teacher_scores)):
         s = policy.score(part.prompts, part, grad=True, hidden=exact, sync=i == len(parts) - 1)
         if answer_only:  # the reasoning tokens leave the loss (and the importance weights' counts)
-            s = dataclasses.replace(s, mask_NT=s.mask_NT * reasoning.answer_mask(part.responses, tags,
-                                                                                 s.mask_NT.shape[1])[0])
+            keep_NT, _ = reasoning.answer_mask(part.responses, tags, s.mask_NT.shape[1], part.prompts)
+            s = dataclasses.replace(s, mask_NT=s.mask_NT * keep_NT)
         w_NT = None
         if part.sampler_logp is not None:
             logp_v_NT, real_NT = sampler_logprobs(part.sampler_logp, s.logp_NT), s.mask_NT.bool()

@@ -72,11 +72,11 @@ def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_bat
     """One optimizer step's forward/backward work: summed negative log-likelihood of the targets after the
     student prompts, divided by the step's total target-token count. `answer_tags`: a thinking model's reasoning
     tags when only the answers train (train_on_thinking off): the targets' reasoning tokens leave the loss."""
-    def kept(r):
-        st = reasoning.answer_start(r, answer_tags)
+    def kept(p, r):
+        st = reasoning.answer_start(r, answer_tags, reasoning.opens(p, answer_tags))
         return 0 if st is None else len(r) - st
 
-    n_tokens = policy.replicas.sum(sum(kept(r) for _, r in batch))  # over data-parallel replicas too
+    n_tokens = policy.replicas.sum(sum(kept(p, r) for p, r in batch))  # over data-parallel replicas too
     t0 = time.perf_counter()
     total = 0.0
     starts = range(0, len(batch), micro_batch)
@@ -86,7 +86,7 @@ def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_bat
         scores = policy.score(prompts, Rollout(prompts, [r for _, r in mb]), grad=True, sync=c == starts[-1])
         logp_NT = scores.logp_NT
         if answer_tags is not None:
-            logp_NT = logp_NT * reasoning.answer_mask([r for _, r in mb], answer_tags, logp_NT.shape[1])[0]
+            logp_NT = logp_NT * reasoning.answer_mask([r for _, r in mb], answer_tags, logp_NT.shape[1], prompts)[0]
         nll = -logp_NT.sum()
         (nll / max(n_tokens, 1)).backward()
         total += float(nll.detach())

@@ -115,20 +115,67 @@ MEMBERS = (*Axis.__annotations__, *(n for n, v in vars(Axis).items() if callable
 # shared helpers for axes
 
 
-def respond(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
-            seed: int = 0) -> list[str]:
-    """One response per chat (messages rendered with the chat template, its options `policy.chat_options`, and its
-    generation prompt), decoded to text without special tokens. Greedy by default; sampled ones draw from one
-    generator seeded with `seed`, so the same call gives the same answers. Batching and execution are the policy's
-    (`Policy.generate`)."""
+@dataclass
+class Reply:
+    """One generated reply, split where a thinking model's reasoning ends (`policy.think_ids`): `answer` is what an
+    axis grades (the whole reply for a model without reasoning), `reasoning` the span before it (None: none), and
+    `closed` False when the reasoning never closed within the token budget: then there is no answer to grade, and
+    the axis counts the reply as unclosed instead of scoring it."""
+    answer: str
+    reasoning: str | None = None
+    closed: bool = True
+
+
+def replies(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
+            seed: int = 0, think_budget: int = 0) -> list[Reply]:
+    """`respond`, with each reply split into reasoning and answer (`Reply`). A thinking model (`policy.think_ids`)
+    may generate `think_budget` more tokens, for its reasoning."""
     from opct.backends.sampling import SamplingSettings
     from opct.data.pairs import render_prompt
+    from opct.data.reasoning import answer_start, opens
 
     tok = policy.tok
     ids = [render_prompt(tok, m, policy.chat_options) for m in chats]
-    responses = policy.generate(ids, SamplingSettings(max_new_tokens, temperature), torch.Generator().manual_seed(seed),
+    budget = max_new_tokens + (think_budget if policy.think_ids is not None else 0)
+    responses = policy.generate(ids, SamplingSettings(budget, temperature), torch.Generator().manual_seed(seed),
                                 batch_size=batch_size)
-    return [tok.decode(r, skip_special_tokens=True).strip() for r in responses]
+
+    def text(r):
+        return tok.decode(r, skip_special_tokens=True).strip()
+
+    tags, out = policy.think_ids, []
+    for p, r in zip(ids, responses):
+        start = answer_start(r, tags, opens(p, tags))
+        if tags is None or start == 0:
+            out.append(Reply(text(r)))
+            continue
+        thought = r[1:] if r[:1] == [tags[0]] else r  # the reasoning without its OPEN tag ...
+        if start is None:
+            out.append(Reply("", text(thought), closed=False))
+        else:  # ... and without its CLOSE
+            out.append(Reply(text(r[start:]), text(thought[:len(thought) - (len(r) - start) - 1])))
+    return out
+
+
+UNCLOSED = "unclosed reasoning: no answer to grade"  # why an axis did not grade a reply (Reply.closed False)
+
+
+def unclosed_counts(splits: list[str], got: list[Reply]) -> dict[str, int]:
+    """How many replies of each split ended inside their reasoning (no answer to grade)."""
+    out: dict[str, int] = {}
+    for s, r in zip(splits, got):
+        out[s] = out.get(s, 0) + (not r.closed)
+    return out
+
+
+def respond(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
+            seed: int = 0, think_budget: int = 0) -> list[str]:
+    """One response per chat (messages rendered with the chat template, its options `policy.chat_options`, and its
+    generation prompt), decoded to text without special tokens: for a thinking model the answer after its reasoning
+    ("" where the reasoning never closed; `replies` tells which). Greedy by default; sampled ones draw from one
+    generator seeded with `seed`, so the same call gives the same answers. Batching and execution are the policy's
+    (`Policy.generate`)."""
+    return [r.answer for r in replies(policy, chats, max_new_tokens, temperature, batch_size, seed, think_budget)]
 
 
 def is_cell(x) -> bool:

@@ -80,6 +80,9 @@ def inference_policy(name: str, cfg) -> Policy:
         import json
 
         policy.chat_options = json.loads(cfg.chat_template_kwargs)
+    from opct.data.reasoning import think_ids
+
+    policy.think_ids = think_ids(tok, getattr(cfg, "think_tags", "auto"))
     return policy
 
 

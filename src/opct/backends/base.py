@@ -91,6 +91,9 @@ class Policy:
     # options for the chat template when an axis or probe renders prompts for this policy (e.g. enable_thinking):
     # set from --chat-template-kwargs by inference_policy and start_run
     chat_options: dict = {}
+    # the token ids that open and close a thinking model's reasoning (opct.data.reasoning), or None: axes grade the
+    # answer after the reasoning; set from --think-tags by inference_policy and start_run
+    think_ids: tuple[int, int] | None = None
 
     def sample(self, prompts_N: list[list[int]], settings: SamplingSettings, gen: torch.Generator) -> Rollout:
         raise NotImplementedError

@@ -39,6 +39,7 @@ class Options:
     judge_constrained: bool = False  # ask the server for the official answer layout (vLLM structured outputs)
     judge_concurrency: int = 8
     samples_per_split: int = 3  # answers kept per split for the report
+    think_max_tokens: int = 512  # a thinking model's reasoning tokens on top of eval_max_new_tokens
     seed: int = 0
 
 

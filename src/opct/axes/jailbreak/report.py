@@ -57,7 +57,7 @@ def report_blocks(results: dict, out) -> list:
     plot under out/plots/."""
     from pathlib import Path
 
-    from opct.report import METHOD_ORDER, label, ordered
+    from opct.report import METHOD_ORDER, label, ordered, unclosed_block
 
     out = Path(out)
     methods = {k: v for k, v in (results.get("methods") or {}).items() if isinstance(v, dict) and "asr" in v}
@@ -79,6 +79,8 @@ def report_blocks(results: dict, out) -> list:
             unp = ", ".join(str((methods[m].get("unparseable") or {}).get(s, 0)) for m in names)
             rows.append([SPLIT_LABELS[s]] + [_fmt(c) for c in cells] + [str(n), unp])
     blocks.append(("table", header, rows))
+    if unclosed_block(methods, names):
+        blocks.append(unclosed_block(methods, names))
     adv = [(methods[m].get("adaptive_attack") or {}) for m in names]
     a0 = next((a for a in adv if a), {})
     blocks.append(("h3", "Adaptive per-target attack"))

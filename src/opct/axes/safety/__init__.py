@@ -24,10 +24,11 @@ method's paired change from base (bootstrap over the same facts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
-from opct.axes.base import AxisData, respond
+from opct.axes.base import UNCLOSED, AxisData, Reply, replies, unclosed_counts
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import (TAUS_PAPER, ausc, paired_change, per_fact_pass_rates, rate_cell, safety_curve,
                                        share_at_100)
@@ -106,19 +107,25 @@ class SafetyAxis:
 
         return get_judge(cfg.judge, url=cfg.judge_url or None, model=cfg.judge_model or None)
 
-    def respond(self, policy, items: list[tuple[str, SafetyPrompt]], cfg) -> list[str]:
+    def respond(self, policy, items: list[tuple[str, SafetyPrompt]], cfg) -> list[Reply]:
         chats = [p.messages(oracle=(split == "oracle")) for split, p in items]
-        return respond(policy, chats, cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed)
+        return replies(policy, chats, cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
+                       think_budget=getattr(cfg, "think_max_tokens", 0))
 
     def evaluate(self, policy, data: AxisData, cfg, samples: Path | None = None) -> dict:
         splits = data.eval_set["splits"]
         facts = data.eval_set["facts"]
         items = [(s, p) for s in SPLITS for p in splits.get(s, [])]
-        responses = self.respond(policy, items, cfg)
+        got = self.respond(policy, items, cfg)
+        responses = [r.answer for r in got]
         judge = self.judge(cfg)
         verdicts = judge.judge([p.text for _, p in items], responses, [facts[p.fact_id] for _, p in items])
+        verdicts = [v if r.closed else dataclasses.replace(v, passed=None, reason=UNCLOSED, raw="")
+                    for v, r in zip(verdicts, got)]  # no answer to grade: counted as unparsed (a fail)
         res: dict = {"judge": judge.name, "pass_rate": {}, "ausc": {}, "share_at_100": {}, "over_warning": {},
                      "n_responses": {}, "n_unparsed": {}, "safety_curve": {}, "per_fact": {}}
+        if policy.think_ids is not None:  # a thinking model: the judge graded the answers after the reasoning
+            res["unclosed_reasoning"] = unclosed_counts([s for s, _ in items], got)
         for s in SPLITS:
             idx = [i for i, (split, _) in enumerate(items) if split == s]
             if not idx:
@@ -137,8 +144,10 @@ class SafetyAxis:
             res["safety_curve"][s] = {"taus": list(TAUS_PAPER), "values": safety_curve(rates)}
         if samples is not None:
             rows = [{"split": s, "id": p.id, "fact_id": p.fact_id, "variant": p.variant, "prompt": p.text,
-                     "response": r, "passed": v.passed, "reason": v.reason, **({"judge_raw": v.raw} if v.raw else {})}
-                    for (s, p), r, v in zip(items, responses, verdicts)]
+                     "response": g.answer, "passed": v.passed, "reason": v.reason,
+                     **({"reasoning": g.reasoning, "reasoning_closed": g.closed} if policy.think_ids is not None else {}),
+                     **({"judge_raw": v.raw} if v.raw else {})}
+                    for (s, p), g, v in zip(items, got, verdicts)]
             samples.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(samples, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         return {k: v for k, v in res.items() if v != {}}
@@ -151,7 +160,7 @@ class SafetyAxis:
         facts = data.eval_set["facts"]
 
         def probe(policy):
-            responses = self.respond(policy, [("heldout", p) for p in held], cfg)
+            responses = [r.answer for r in self.respond(policy, [("heldout", p) for p in held], cfg)]
             v = self.judge(cfg).judge([p.text for p in held], responses, [facts[p.fact_id] for p in held])
             return {"probe_pass_rate": sum(x.passed is True for x in v) / max(1, len(v))}
         return probe

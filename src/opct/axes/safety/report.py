@@ -8,7 +8,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from opct.report import DASH, fmt_cell, label, method_color, method_table, results_blocks, save_figure
+from opct.report import (DASH, fmt_cell, label, method_color, method_table, results_blocks, save_figure,
+                         unclosed_block)
 
 NOTE = ("Each rate is the mean over facts of the fact's pass rate (the share of its prompts whose response the judge "
         "passes); intervals are 95% bootstrap intervals over facts (1000 resamples, seed 47); n is the number of "
@@ -64,6 +65,8 @@ def safety_blocks(results: dict, run_dir: Path) -> list:
     methods, names = method_table(results)
     judge = next((methods[m].get("judge") for m in names if methods[m].get("judge")), "unknown")
     blocks = [("p", f"Judge: {judge}.")] + results_blocks(results, NOTE)
+    if unclosed_block(methods, names):
+        blocks.append(unclosed_block(methods, names))
 
     comp = results.get("comparison") or {}
     rows = []

@@ -10,6 +10,7 @@ import torch
 
 from opct.data.mcq import LETTERS, MCQ
 from opct.data.pairs import render_prompt
+from opct.data.reasoning import ReasoningError, answers_at_once
 from opct.stats import diff_interval, wilson
 from opct.axes.sycophancy.data import ANSWER_PREFIX, SPLITS, EvalItem, build_eval_items, check_mode, clean_messages
 
@@ -76,6 +77,13 @@ def option_logprobs(policy, list_of_messages: list[list[dict]], batch_size: int 
             raise ValueError(f"prompt {bad[0]}: options {choices[bad[0]]} share a first token; "
                              "filter questions with text_readable() first")
     ids = [prompt_ids(tokenizer, m, mode, policy.chat_options) for m in list_of_messages]
+    if ids and not answers_at_once(render_prompt(tokenizer, list_of_messages[0], policy.chat_options),
+                                   policy.think_ids):
+        raise ReasoningError(
+            "sycophancy reads the answer right after the prompt, and this model reasons first (its tokenizer has "
+            "the reasoning tags <think>/</think> and the chat template leaves the reasoning to the model); "
+            "evaluate it with its reasoning closed by the template (Qwen3: --chat-template-kwargs "
+            "'{\"enable_thinking\": false}'), or --think-tags none to read it anyway (docs/reasoning.md)")
     flat = [[t for spellings in c for t in spellings] for c in cands]  # every option's token ids, in order
     logp = policy.next_token_logprobs(ids, flat, groups, batch_size)
     out_NK = torch.full((len(ids), max((len(c) for c in cands), default=1)), -math.inf)
