@@ -19,10 +19,17 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
-def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32) -> Path:
+def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32, extra_tokens: tuple = (),
+                    chat_template: str | None = None) -> Path:
+    """A tiny random Llama with the SmolLM2 tokenizer in `path`; `extra_tokens` added to the tokenizer (e.g. a
+    thinking model's <think> / </think>) and `chat_template` replacing its template."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    if extra_tokens:
+        tok.add_tokens(list(extra_tokens))
+    if chat_template is not None:
+        tok.chat_template = chat_template
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,

@@ -13,7 +13,7 @@ from opct.config import ConfigError, SFTConfig, template_kwargs, validate
 from opct.data import reasoning
 from opct.data.pairs import ConsistencyPair
 from opct.train.loop import RunError, render_pairs
-from tests.conftest import FIXTURES, TOKENIZER_DIR
+from tests.conftest import FIXTURES, make_tiny_model
 from tests.train.test_train import cfg_for, metrics, policy_for
 
 TEMPLATE = (FIXTURES / "thinking_chat_template.jinja").read_text()
@@ -22,25 +22,8 @@ THINK_ON, THINK_OFF = '{"enable_thinking": true}', '{"enable_thinking": false}'
 
 @pytest.fixture(scope="module")
 def thinking_model_dir(tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("thinking") / "model"
-    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
-    tok.add_tokens(["<think>", "</think>"])
-    tok.chat_template = TEMPLATE
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return make_tiny_model(tmp_path_factory.mktemp("thinking") / "model", extra_tokens=("<think>", "</think>"),
+                           chat_template=TEMPLATE)
 
 
 @pytest.fixture(scope="module")
