@@ -197,6 +197,20 @@ def adapter_base(adapter_dir: str | Path) -> str:
     return json.loads((p / "adapter_config.json").read_text())["base_model_name_or_path"]
 
 
+def base_and_adapter(name: str) -> tuple[str, str | None]:
+    """(the base model, the adapter directory or None) of a model name: an opct LoRA output (a PEFT adapter
+    directory) is its base model, resolved like any name, plus the adapter; anything else is itself (resolved)."""
+    src = resolve(name)
+    if (Path(src) / "adapter_config.json").is_file():
+        return resolve(adapter_base(src)), src
+    return src, None
+
+
+def adapter_rank(adapter_dir: str | Path) -> int:
+    """A saved PEFT adapter's LoRA rank (PEFT's default, 8, where its config names none)."""
+    return json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("r", 8)
+
+
 def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                trust_remote_code: bool = False):
     """Return (model, tokenizer): a plain transformers model in eval mode on `device` in `dtype`. A PEFT adapter dir

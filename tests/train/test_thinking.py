@@ -90,6 +90,7 @@ class FixedResponses(Policy):
         self.inner, self.responses = inner, responses
         self.model, self.tok, self.pad_id, self.eos_ids, self.device = (inner.model, inner.tok, inner.pad_id,
                                                                          inner.eos_ids, inner.device)
+        self.think_ids = inner.think_ids
 
     def sample(self, prompts_N, settings, gen):
         return Rollout(prompts_N, [list(r) for r in self.responses[:len(prompts_N)]])

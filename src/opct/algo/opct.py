@@ -62,7 +62,7 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     prompts_s = [s for s, _ in batch for _ in range(G)]
     prompts_t = [t for _, t in batch for _ in range(G)]
     exact = cfg.loss != "sampled"  # the exact losses need hidden states, not just the sampled tokens' log-probs
-    tags = reasoning.think_ids(policy.tok, cfg.think_tags)  # a thinking model's reasoning span, or None
+    tags = policy.think_ids  # a thinking model's reasoning span, or None
     answer_only = tags is not None and not cfg.train_on_thinking
 
     # 1. the student samples on the perturbed prompts
@@ -102,7 +102,8 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
                 w_NT, ratio_NT = losses.truncated_is_weights(s.logp_NT, logp_v_NT, s.mask_NT, cfg.sampler_is_cap)
                 mismatch["is_weight_mean"] += float(w_NT[real_NT].sum())
                 mismatch["is_truncated"] += float((ratio_NT[real_NT] > cfg.sampler_is_cap).sum())
-                ratio_max = max([ratio_max, *ratio_NT[real_NT].tolist()])
+                if real_NT.any():
+                    ratio_max = max(ratio_max, float(ratio_NT[real_NT].max()))
         loss, kl = consistency_loss(cfg, s, t, w_NT)
         (loss / max(n_tokens, 1)).backward()
         sums["loss"] += float(loss.detach())

@@ -102,8 +102,7 @@ def train_sft(cfg: SFTConfig, pairs: list[ConsistencyPair] | None = None, probe=
         examples = make_targets(run, run.cfg)
         targets_s = time.perf_counter() - t0
         per_step = cfg.prompts_per_step * cfg.samples_per_prompt  # the same number of sequences as an OPCT step
-        tags = reasoning.think_ids(run.policy.tok, cfg.think_tags)
-        answer_tags = tags if tags is not None and not cfg.train_on_thinking else None
+        answer_tags = None if cfg.train_on_thinking else run.policy.think_ids
         bar = loop.steps(run, "sft", show_progress)
         for step in bar:
             idx = loop.data_order(len(examples), cfg.seed, step * per_step, per_step)

@@ -61,6 +61,13 @@ def other_decode_dtype(cfg, dtype: torch.dtype) -> str | None:
     return cfg.decode_dtype
 
 
+def vllm_usable(device: torch.device) -> bool:
+    """What `auto` asks of a place to run vLLM: a CUDA device, and vLLM installed."""
+    import importlib.util
+
+    return device.type == "cuda" and importlib.util.find_spec("vllm") is not None
+
+
 def resolve_sampler(cfg, device: torch.device, parallel: str = "none") -> str:
     """The sampler a training config (RunConfig) uses. auto: an in-process vLLM engine ("vllm") for OPCT's student on
     a CUDA device where vLLM is installed (and can hold the LoRA rank, and every rank holds full weights: not under
@@ -70,20 +77,14 @@ def resolve_sampler(cfg, device: torch.device, parallel: str = "none") -> str:
         return "policy"
     if cfg.sampler != "auto":
         return cfg.sampler
-    import importlib.util
-
-    if device.type != "cuda" or cfg.lora_rank > 512 or parallel == "fsdp":
-        return "policy"
-    return "vllm" if importlib.util.find_spec("vllm") is not None else "policy"
+    return "vllm" if vllm_usable(device) and cfg.lora_rank <= 512 and parallel != "fsdp" else "policy"
 
 
 def resolve_eval_engine(name: str, device: torch.device) -> str:
     """Who generates an evaluation's answers. auto: vLLM on a CUDA device where it is installed, else the policy."""
     if name != "auto":
         return name
-    import importlib.util
-
-    return "vllm" if device.type == "cuda" and importlib.util.find_spec("vllm") is not None else "policy"
+    return "vllm" if vllm_usable(device) else "policy"
 
 
 def resolve_vllm_dtype(name: str, device: torch.device, trainer: torch.dtype) -> torch.dtype:

@@ -49,6 +49,7 @@ class VLLMPolicy(Policy):
         self.inner, self.sampler, self.train = inner, sampler, train
         self.model, self.tok, self.pad_id, self.eos_ids, self.device = (inner.model, inner.tok, inner.pad_id,
                                                                          inner.eos_ids, inner.device)
+        self.chat_options, self.think_ids = inner.chat_options, inner.think_ids
         self.steps = 0
         self.sync_seconds = self.wake_seconds = 0.0
         if not train:
@@ -186,23 +187,18 @@ def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torc
     directory, a Hub id) as it is, or an opct LoRA adapter directory as its base model plus the adapter. Its dtype
     is `vllm_dtype`'s (auto: bfloat16 on a GPU, else the model's), its context the model's up to
     INFERENCE_MAX_MODEL_LEN; on a GPU it takes `vllm_gpu_memory` of the device."""
-    import json
-    from pathlib import Path
-
     from opct.backends.base import BackendError
     from opct.backends.select import resolve_vllm_dtype
     from opct.backends.vllm_sampler import VLLMSampler
     from opct.extras import require
-    from opct.models import adapter_base, resolve as resolve_model
+    from opct.models import adapter_rank, base_and_adapter
 
     require("vllm", "--eval-engine vllm", "")
-    path = Path(name)
-    adapter = path if (path / "adapter_config.json").is_file() else None
-    base = resolve_model(adapter_base(adapter) if adapter else name)
+    base, adapter = base_and_adapter(name)
     if base.endswith(".gguf"):
         raise BackendError(f"--eval-engine vllm: vLLM cannot load the GGUF file {base}; pass a model directory or "
                            "a Hub id, or --eval-engine policy")
-    rank = json.loads((adapter / "adapter_config.json").read_text()).get("r", 8) if adapter else 0
+    rank = adapter_rank(adapter) if adapter else 0
     try:
         from transformers import AutoConfig
 

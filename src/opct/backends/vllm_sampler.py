@@ -114,9 +114,12 @@ class _Versions:
         self.next_id = 1
         self.current: tuple[int, Path] | None = None  # (id, dir) being served
 
-    def save(self, model, step: int) -> tuple[int, Path]:
-        vid = self.next_id
+    def new_id(self) -> int:
         self.next_id += 1
+        return self.next_id - 1
+
+    def save(self, model, step: int) -> tuple[int, Path]:
+        vid = self.new_id()
         d = self.workdir / f"weights-step{step}-v{vid}"
         model.save_pretrained(d)  # a PEFT model writes its adapter only; safetensors either way
         return vid, d
@@ -206,8 +209,7 @@ class VLLMSampler(_Closing):
         on, under a fresh adapter id."""
         from vllm.lora.request import LoRARequest
 
-        vid = self.versions.next_id
-        self.versions.next_id += 1
+        vid = self.versions.new_id()
         self.lora_request = LoRARequest(f"opct-{vid}", vid, str(path))
         self.llm.llm_engine.add_lora(self.lora_request)
 

@@ -102,17 +102,6 @@ def chance(task: str) -> float | None:
     return CHANCE.get(task)
 
 
-def _model_args(model: str) -> tuple[str, str | None]:
-    """(pretrained, peft) for lm-eval's HFLM from an opct model name."""
-    from opct.models import adapter_base, resolve
-
-    src = resolve(model)
-    cfg = Path(src) / "adapter_config.json"
-    if cfg.is_file():
-        return resolve(adapter_base(src)), src
-    return src, None
-
-
 def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float32", max_length: int | None = None,
             engine: str = "policy", vllm_args: dict | None = None):
     """lm-eval's HFLM for a name/dir/adapter or a (model, tokenizer) pair, or with `engine="vllm"` lm-eval's VLLM for
@@ -123,18 +112,15 @@ def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float3
     if isinstance(model, (tuple, list)):
         module, tok = model
         return HFLM(pretrained=module, tokenizer=tok, batch_size=batch_size, **extra)
-    from opct.models import peft_quietly
+    from opct.models import adapter_rank, base_and_adapter, peft_quietly
 
-    pretrained, peft = _model_args(str(model))
+    pretrained, peft = base_and_adapter(str(model))
     if engine == "vllm":
         from lm_eval.models.vllm_causallms import VLLM
 
         from opct.backends.vllm_sampler import max_lora_rank
 
-        lora = {}
-        if peft:
-            rank = json.loads((Path(peft) / "adapter_config.json").read_text()).get("r", 16)
-            lora = {"lora_local_path": peft, "max_lora_rank": max_lora_rank(rank)}
+        lora = {"lora_local_path": peft, "max_lora_rank": max_lora_rank(adapter_rank(peft))} if peft else {}
         return VLLM(pretrained=pretrained, dtype=dtype, batch_size="auto", **lora, **extra, **(vllm_args or {}))
     with peft_quietly():  # lm-eval wraps an adapter with PEFT, which trips transformers' deprecation warning
         return HFLM(pretrained=pretrained, peft=peft, device=device, dtype=dtype, batch_size=batch_size, **extra)
@@ -148,8 +134,9 @@ def lm_eval_command(model: str, tasks: list[str], *, limit: int | None, batch_si
     HF_DATASETS_OFFLINE=1 when offline, and with NLTK_DATA set to the punkt stub when punkt is not installed
     (see ifeval_synth.prepare_nltk)."""
     from opct.evals.offline_tasks import task_dirs
+    from opct.models import base_and_adapter
 
-    pretrained, peft = _model_args(model)
+    pretrained, peft = base_and_adapter(model)
     dirs = task_dirs()
     argv = ["lm_eval", "run", "--model", "hf", "--model_args",
             f"pretrained={pretrained}" + (f",peft={peft}" if peft else "") + f",dtype={dtype}",

@@ -240,8 +240,6 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
         model.requires_grad_(True)
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
                                   lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
-    policy.chat_options = template_kwargs(cfg)[0]  # probes render held-out prompts as the student's are
-    policy.think_ids = reasoning.think_ids(tok, cfg.think_tags)
     try:
         run = _assemble(cfg, env, out, policy, model, rendered, replicas, device, t_start)
         run.provenance.update(sampler_setting=asked, sampler_used=cfg.sampler)
