@@ -20,14 +20,20 @@ def pytest_collection_modifyitems(items):
 
 
 def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32, extra_tokens: tuple = (),
-                    chat_template: str | None = None) -> Path:
+                    chat_template: str | None = None, scale_tokens: dict | None = None,
+                    special_tokens: tuple = ()) -> Path:
     """A tiny random Llama with the SmolLM2 tokenizer in `path`; `extra_tokens` added to the tokenizer (e.g. a
-    thinking model's <think> / </think>) and `chat_template` replacing its template."""
+    thinking model's <think> / </think>; `special_tokens` as special ones) and `chat_template` replacing its
+    template. `scale_tokens` {text: factor}
+    scales those tokens' (tied) embedding rows, so greedy decoding picks them more often: {"</think>": 2.0} makes the
+    random thinking model close its reasoning within a few tokens after some prompts and not after others."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     if extra_tokens:
         tok.add_tokens(list(extra_tokens))
+    if special_tokens:  # added as special tokens, which decoding with skip_special_tokens drops (harmony's markers)
+        tok.add_special_tokens({"additional_special_tokens": list(special_tokens)})
     if chat_template is not None:
         tok.chat_template = chat_template
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -41,6 +47,8 @@ def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 32
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.3)
+        for text, factor in (scale_tokens or {}).items():
+            model.model.embed_tokens.weight[tok.convert_tokens_to_ids(text)] *= factor
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

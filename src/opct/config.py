@@ -203,7 +203,8 @@ class ChatSettings:
                                             "side only, where the sides must differ; empty = the student's",
                                             group=CHAT, commands=TRAINING)
     think_tags: str = opt("auto", "the tokens that open and close a response's reasoning: auto = <think>,</think> "
-                          "where the tokenizer has each as one token, else none; none; or OPEN,CLOSE. Evaluations "
+                          "where the tokenizer has each as one token, else harmony where it has harmony's markers, "
+                          "else none; harmony (gpt-oss: the analysis channel); none; or OPEN,CLOSE. Evaluations "
                           "grade the answer after the reasoning", group=CHAT,
                           commands=("train", "sft", "eval", "demo"))
     train_on_thinking: bool = opt(True, "the loss covers a response's reasoning tokens too (the paper's default); "
@@ -361,8 +362,9 @@ class AxisOptions(ChatSettings, ExecConfig):
     max_new_tokens: int = opt(16, "response tokens: OPCT samples, SFT targets, and generated eval responses "
                               "(safety)", group=AXIS)
     think_max_tokens: int = opt(512, "a thinking model (--think-tags): reasoning tokens its generated evaluation "
-                                "answers may take on top of their own budget; a reply whose reasoning does not close "
-                                "within them is counted as unclosed, never graded as an answer", group=AXIS)
+                                "answers may take on top of their own budget (sycophancy: the reasoning before the "
+                                "answer is read); a reply whose reasoning does not close within them is counted as "
+                                "unclosed, never graded as an answer", group=AXIS)
     seed: int = opt(0, "seed for the data split, perturbations and sampling", group=AXIS)
     batch_size: int = opt(32, "evaluation prompts per forward pass / generation batch", group=AXIS)
 
@@ -444,8 +446,9 @@ def validate(cfg):
     if getattr(cfg, "sampler", "policy") in ("vllm", "vllm-server"):  # 512: vLLM's largest max_lora_rank
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
     tags = getattr(cfg, "think_tags", "auto")
-    _check(tags in ("auto", "none") or (len(tags.split(",")) == 2 and all(t.strip() for t in tags.split(","))),
-           "think_tags", "must be auto, none or OPEN,CLOSE (e.g. <think>,</think>)", tags)
+    _check(tags in ("auto", "harmony", "none") or (len(tags.split(",")) == 2
+                                                   and all(t.strip() for t in tags.split(","))),
+           "think_tags", "must be auto, harmony, none or OPEN,CLOSE (e.g. <think>,</think>)", tags)
     for name in ("chat_template_kwargs", "teacher_chat_template_kwargs"):
         text = getattr(cfg, name, "")
         if text:

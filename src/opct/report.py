@@ -58,17 +58,21 @@ def ordered(keys, preferred) -> list:
     return [k for k in preferred if k in seen] + [k for k in seen if k not in preferred]
 
 
-def unclosed_block(methods: dict, names: list[str]):
-    """A paragraph for a thinking model's results (an evaluation that has `unclosed_reasoning`): what was graded
-    and how many replies were not, by method; None for a model without reasoning."""
+UNCLOSED_GRADED = ("the judges graded each reply's answer after its reasoning. Replies whose reasoning did not "
+                   "close within --think-max-tokens have no answer: they were not graded, are counted with the "
+                   "unparsed ones")
+
+
+def unclosed_block(methods: dict, names: list[str], what: str = UNCLOSED_GRADED):
+    """A paragraph for a thinking model's results (an evaluation that has `unclosed_reasoning`): how its answers
+    were read (`what`, the axis' sentence) and how many replies had none, by method; None for a model without
+    reasoning."""
     counts = {m: methods[m].get("unclosed_reasoning") for m in names}
     if not any(c is not None for c in counts.values()):
         return None
     shown = "; ".join(f"{label(m)} {sum((c or {}).values())} ({', '.join(f'{s} {n}' for s, n in (c or {}).items())})"
                       for m, c in counts.items())
-    return ("p", "A thinking model: the judges graded each reply's answer after its reasoning. Replies whose "
-                 "reasoning did not close within --think-max-tokens have no answer: they were not graded, are counted "
-                 f"with the unparsed ones, and number: {shown}.")
+    return ("p", f"A thinking model: {what}, and number: {shown}.")
 
 
 def is_number(x) -> bool:

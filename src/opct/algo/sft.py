@@ -68,7 +68,7 @@ def make_targets(run: loop.Run, cfg: SFTConfig) -> list[tuple[list[int], list[in
 
 
 def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_batch: int,
-             answer_tags: tuple[int, int] | None = None) -> dict:
+             answer_tags: reasoning.ThinkTags | None = None) -> dict:
     """One optimizer step's forward/backward work: summed negative log-likelihood of the targets after the
     student prompts, divided by the step's total target-token count. `answer_tags`: a thinking model's reasoning
     tags when only the answers train (train_on_thinking off): the targets' reasoning tokens leave the loss."""

@@ -132,7 +132,7 @@ def replies(policy, chats: list[list[dict]], max_new_tokens: int, temperature: f
     may generate `think_budget` more tokens, for its reasoning."""
     from opct.backends.sampling import SamplingSettings
     from opct.data.pairs import render_prompt
-    from opct.data.reasoning import answer_start, opens
+    from opct.data.reasoning import answer_start, opens, reasoning_ids
 
     tok = policy.tok
     ids = [render_prompt(tok, m, policy.chat_options) for m in chats]
@@ -149,11 +149,8 @@ def replies(policy, chats: list[list[dict]], max_new_tokens: int, temperature: f
         if tags is None or start == 0:
             out.append(Reply(text(r)))
             continue
-        thought = r[1:] if r[:1] == [tags[0]] else r  # the reasoning without its OPEN tag ...
-        if start is None:
-            out.append(Reply("", text(thought), closed=False))
-        else:  # ... and without its CLOSE
-            out.append(Reply(text(r[start:]), text(thought[:len(thought) - (len(r) - start) - 1])))
+        thought = text(reasoning_ids(r, tags))  # without its tags
+        out.append(Reply("", thought, closed=False) if start is None else Reply(text(r[start:]), thought))
     return out
 
 

@@ -32,6 +32,7 @@ import torch
 
 from opct.backends.sampling import SamplingSettings
 from opct.train.distributed import SINGLE, Replicas
+from opct.data.reasoning import ThinkTags
 
 
 class BackendError(ValueError):
@@ -93,7 +94,7 @@ class Policy:
     chat_options: dict = {}
     # the token ids that open and close a thinking model's reasoning (opct.data.reasoning), or None: axes grade the
     # answer after the reasoning; set from --think-tags by inference_policy and start_run
-    think_ids: tuple[int, int] | None = None
+    think_ids: ThinkTags | None = None
 
     def sample(self, prompts_N: list[list[int]], settings: SamplingSettings, gen: torch.Generator) -> Rollout:
         raise NotImplementedError

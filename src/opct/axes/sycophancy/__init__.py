@@ -21,7 +21,9 @@ Two answer formats (`mode`), because small models differ in what they can do:
             most probable next. Cues name the option text ("Berlin"). For models that cannot map
             letters to options: SmolLM2-135M-Instruct picks letters by position, not content, but names the right option text well above chance.
 Both read the answer from ONE forward pass per prompt (see `read_answers`), and the metrics per split
-are the sycophancy rate, BRR, consistency and cued accuracy with 95% Wilson intervals.
+are the sycophancy rate, BRR, consistency and cued accuracy with 95% Wilson intervals. A thinking model
+is read in two phases: it reasons first, and the answer is read after its reasoning and a forced
+"The answer is" (evaluate.py).
 """
 
 from __future__ import annotations
@@ -55,12 +57,14 @@ def to_results(ev: dict) -> dict:
             "cued_accuracy": {s: ev[s]["accuracy"] for s in splits},
             "clean_accuracy": ev["clean_accuracy"],
             "n": {s: ev[s]["n"] for s in splits},
-            **({"degenerate": ev["degenerate"]} if ev.get("degenerate") else {})}
+            **({"degenerate": ev["degenerate"]} if ev.get("degenerate") else {}),
+            **{k: ev[k] for k in ("reading", "unclosed_reasoning") if k in ev}}
 
 
 class SycophancyAxis:
     """Wrong-answer cues on multiple-choice questions (this module's docstring); metrics read from one forward
-    pass per prompt, so the eval writes no per-example samples."""
+    pass per prompt, so the eval writes no per-example samples, except for a thinking model, read after its own
+    reasoning (evaluate.py), whose reasoning and answers it writes."""
     name = "sycophancy"
     summary = "multiple-choice questions with and without a user's wrong-answer cue"
     defaults: dict = {}  # the config dataclasses' own defaults are this axis'
@@ -84,7 +88,8 @@ class SycophancyAxis:
 
     def evaluate(self, policy, data, cfg, samples=None) -> dict:
         return to_results(evaluate_sycophancy(policy, data.eval_set, seed=cfg.seed, batch_size=cfg.batch_size,
-                                              mode=cfg.mode, cued_n=cfg.cued_n))
+                                              mode=cfg.mode, cued_n=cfg.cued_n, think_budget=cfg.think_max_tokens,
+                                              samples=samples))
 
     def probe(self, data, cfg):
         """Held-out-phrasing sycophancy and clean accuracy on the first `probe_n` evaluation questions."""
@@ -94,9 +99,12 @@ class SycophancyAxis:
 
         def probe(policy):
             ev = evaluate_sycophancy(policy, questions, seed=cfg.seed, batch_size=cfg.batch_size,
-                                     splits=("heldout_cues",), mode=cfg.mode)
-            return {"probe_sycophancy": ev["heldout_cues"]["sycophancy"]["value"],
-                    "probe_accuracy": ev["clean_accuracy"]["value"]}
+                                     splits=("heldout_cues",), mode=cfg.mode, think_budget=cfg.think_max_tokens)
+            got = {"probe_sycophancy": ev["heldout_cues"]["sycophancy"]["value"],
+                   "probe_accuracy": ev["clean_accuracy"]["value"]}
+            # a thinking model: no rate where every reasoning stayed open (value None), and how many did
+            got |= {f"probe_unclosed_{k}": v for k, v in ev.get("unclosed_reasoning", {}).items()}
+            return {k: v for k, v in got.items() if v is not None}
         return probe
 
     def report_blocks(self, results: dict, run_dir) -> list:

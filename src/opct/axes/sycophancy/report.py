@@ -8,7 +8,11 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from opct.report import (DASH, cell, fmt_ratio, grouped_bars, label, method_legend, method_table, per_split_metrics,
-                         results_blocks, save_figure, splits_of)
+                         results_blocks, save_figure, splits_of, unclosed_block)
+
+UNCLOSED_READ = ("each answer was read after the model's own reasoning (greedy, at most --think-max-tokens tokens), "
+                 "at a forced \"The answer is\" (the paper's two phases). Prompts whose reasoning did not close "
+                 "within the budget have no answer: they are left out of every rate (a split's n counts the rest)")
 
 
 def report_blocks(results: dict, run_dir: Path) -> list:
@@ -17,6 +21,8 @@ def report_blocks(results: dict, run_dir: Path) -> list:
     split_metrics = per_split_metrics(methods)
     splits = splits_of(methods, split_metrics)
     blocks = results_blocks(results, scalars_title="Without cues")
+    if unclosed_block(methods, names, UNCLOSED_READ):
+        blocks.append(unclosed_block(methods, names, UNCLOSED_READ))
     others = [m for m in names if m != "base"]
     if "base" in names and others and "sycophancy_rate" in split_metrics:
         blocks.append(("h3", "Sycophancy rate relative to base"))
