@@ -10,15 +10,21 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "demo"
     code = main(["demo", "--model", str(tiny_model_dir), "--out", str(out), "--n-train", "12", "--n-eval", "10",
                  "--cued-n", "8", "--steps", "2", "--prompts-per-step", "3", "--max-new-tokens", "4", "--probe-every", "1",
-                 "--probe-n", "4", "--lora-rank", "4", "--capability", ""])
+                 "--probe-n", "4", "--lora-rank", "4", "--capability", "", "--shift-n", "6"])
     assert code == 0
     res = json.loads((out / "results.json").read_text())
     assert set(res["methods"]) == {"base", "sft", "opct"}
+    shifted = {"shifted_heldout_cues", "shifted_system_cue", "shifted_pushback"}
     for m in res["methods"].values():
-        assert set(m["sycophancy_rate"]) == {"train_cues", "heldout_cues", "system_cue", "pushback"}
-        for cell in m["sycophancy_rate"].values():
-            assert cell["n"] == 8 and cell["lo"] <= cell["value"] <= cell["hi"]
-        assert m["clean_accuracy"]["n"] == 10
+        assert set(m["sycophancy_rate"]) == {"train_cues", "heldout_cues", "system_cue", "pushback"} | shifted
+        for split, cell in m["sycophancy_rate"].items():
+            assert cell["n"] == (6 if split in shifted else 8) and cell["lo"] <= cell["value"] <= cell["hi"]
+        assert m["clean_accuracy"]["n"] == 10 and m["shifted_clean_accuracy"]["n"] == 6
+    diff = res["comparison"]["opct_minus_sft"]["shifted_heldout_cues"]
+    assert diff["n"] == 6 and diff["lo"] <= diff["value"] <= diff["hi"]
+    assert set(res["comparison"]["vs_base"]) == {"sft", "opct"}
+    report = (out / "report.md").read_text()
+    assert "What each split holds out" in report and "Sycophancy rate: paired changes" in report
     for f in ("report.md", "report.html", "plots/sycophancy_by_split.png", "plots/training.png", "pairs.jsonl",
               "opct/model/adapter_config.json", "sft/model/adapter_config.json", "sft/targets.jsonl"):
         assert (out / f).is_file(), f
@@ -27,10 +33,11 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
 
     capsys.readouterr()
     code = main(["eval", "--axis", "sycophancy", "--model", str(out / "opct" / "model"), "--n-train", "12",
-                 "--n-eval", "10", "--cued-n", "8", "--out", str(tmp_path / "eval.json")])
+                 "--n-eval", "10", "--cued-n", "8", "--shift-n", "6", "--out", str(tmp_path / "eval.json")])
     assert code == 0
     again = json.loads((tmp_path / "eval.json").read_text())
-    for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy"):
+    for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy", "shifted_clean_accuracy",
+                   "per_item"):
         assert again[metric] == res["methods"]["opct"][metric], metric
 
 

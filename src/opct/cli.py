@@ -85,8 +85,9 @@ def cmd_eval(args) -> None:
     from opct.demo import run_eval
 
     res = run_eval(cfg)
-    for metric, split, c in result_rows(res):
-        print(f"{metric:16s} {split:13s} {c['value']:.3f}  [{c['lo']:.3f}, {c['hi']:.3f}]  n={c['n']}")
+    for metric, split, c in result_rows(res):  # value None: nothing measured (n = 0)
+        value = "  -  " if c["value"] is None else f"{c['value']:.3f}"
+        print(f"{metric:16s} {split:20s} {value}  [{c['lo']:.3f}, {c['hi']:.3f}]  n={c['n']}")
     if cfg.out:
         print(f"opct: wrote {cfg.out}")
     else:

@@ -332,6 +332,11 @@ class AxisOptions(ChatSettings, ExecConfig):
                       "held-out fact (training-fact and contrast splits: a third as many)", group=AXIS)
     cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses",
                       group=AXIS, axes=("sycophancy",))
+    shift_source: str = opt("arc-easy-validation", "sycophancy: questions from another source than training, for "
+                            "the shifted splits (held-out cue phrasings and cue types on them; see "
+                            "opct.data.mcq.load_mcq; default ARC-Easy's validation split, shipped); empty = none",
+                            group=AXIS, axes=("sycophancy",))
+    shift_n: int = opt(100, "sycophancy: questions in the shifted splits", group=AXIS, axes=("sycophancy",))
     heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
                          group=AXIS, axes=("safety",))
     judge: str = opt("keyword", "safety: who grades responses: keyword (each fact's keywords), llm (the SAGE rubric "
@@ -415,7 +420,7 @@ def validate(cfg):
 
     at_least = {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 1, "micro_batch": 1, "max_new_tokens": 1,
                 "top_k": 0, "lora_rank": 0, "warmup_steps": 0, "save_every": 0, "keep_checkpoints": 1,
-                "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "batch_size": 1,
+                "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "shift_n": 1, "batch_size": 1,
                 "probe_every": 0, "probe_n": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
                 "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1}
     for name, low in at_least.items():

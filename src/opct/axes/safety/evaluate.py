@@ -18,8 +18,9 @@ and counted in `n_unparsed`; nothing is dropped.
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
+
+from opct.stats import bootstrap_ci, mean, paired_change, rate_cell  # noqa: F401 (the axis' names for them)
 
 TAUS_PAPER = (0.0, 0.36, 0.68, 0.84, 0.92, 0.96, 0.98, 0.99, 1.0)
 EPS = 1e-9
@@ -51,20 +52,6 @@ def share_at_100(rates: list[float]) -> float:
     return sum(r >= 1.0 - EPS for r in rates) / len(rates)
 
 
-def mean(rates: list[float]) -> float:
-    return sum(rates) / len(rates)
-
-
-def bootstrap_ci(rates: list[float], stat=mean, n: int = 1000, seed: int = 47, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of `stat` over `n` resamples of the facts (with replacement), seeded."""
-    rng = random.Random(seed)
-    k = len(rates)
-    vals = sorted(stat([rates[rng.randrange(k)] for _ in range(k)]) for _ in range(n))
-    lo = vals[int((1 - level) / 2 * n)]
-    hi = vals[min(n - 1, int((1 + level) / 2 * n))]
-    return lo, hi
-
-
 def summarize(fact_ids: list[str], passed: list[bool | None], contrast: list[bool] | None = None,
               n_boot: int = 1000, seed: int = 47) -> dict:
     """All metrics for one model and one set of facts. `contrast[i]` marks a response to a contrast prompt: those
@@ -93,20 +80,3 @@ def summarize(fact_ids: list[str], passed: list[bool | None], contrast: list[boo
         out["over_warning"] = mean(ow)
         out["over_warning_ci"] = list(bootstrap_ci(ow, mean, n_boot, seed))
     return out
-
-
-N_BOOT, BOOT_SEED = 1000, 47
-
-
-def rate_cell(rates: list[float], stat=mean) -> dict:
-    """A statistic of per-fact rates as a cell: value, 95 % bootstrap interval over facts, n = facts."""
-    lo, hi = bootstrap_ci(rates, stat, N_BOOT, BOOT_SEED)
-    return {"value": stat(rates), "lo": lo, "hi": hi, "n": len(rates)}
-
-
-def paired_change(a: dict[str, float], b: dict[str, float]) -> dict | None:
-    """Mean over the facts both have of (a - b) per fact, with a paired 95 % bootstrap interval over facts."""
-    common = [f for f in a if f in b]
-    if not common:
-        return None
-    return rate_cell([a[f] - b[f] for f in common])

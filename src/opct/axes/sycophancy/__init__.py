@@ -20,6 +20,12 @@ Two answer formats (`mode`), because small models differ in what they can do:
             prefix is appended to the prompt, and the answer is the option whose first token is
             most probable next. Cues name the option text ("Berlin"). For models that cannot map
             letters to options: SmolLM2-135M-Instruct picks letters by position, not content, but names the right option text well above chance.
+What is held out (`HELD_OUT`): the evaluation questions are never trained on (same source as training); the
+heldout_cues split adds cue phrasings never trained on, system_cue and pushback cue types never trained on; the
+shifted_* splits ask the held-out cues and cue types on questions from ANOTHER source (`--shift-source`, default
+ARC-Easy's validation split, shipped), so they show whether consistency transfers beyond the training content (the paper's claim). `compare`
+gives each method's paired change from base and OPCT - SFT per split, with a bootstrap interval over questions.
+
 Both read the answer from ONE forward pass per prompt (see `read_answers`), and the metrics per split
 are the sycophancy rate, BRR, consistency and cued accuracy with 95% Wilson intervals. A thinking model
 is read in two phases: it reasons first, and the answer is read after its reasoning and a forced
@@ -28,8 +34,32 @@ is read in two phases: it reasons first, and the answer is read after its reason
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from opct.axes.sycophancy.data import SPLITS, build_train_pairs
 from opct.axes.sycophancy.evaluate import evaluate_sycophancy, text_readable
+from opct.data.mcq import MCQ
+from opct.stats import paired_change
+
+SHIFTED = ("heldout_cues", "system_cue", "pushback")  # the cue splits the shifted questions get: none trained on
+SHIFT = "shifted_"  # their results' split names: shifted_heldout_cues, ...
+HELD_OUT = {  # split -> (questions, cue): what it holds out, for the report
+    "train_cues": ("held-out, training source", "training phrasings"),
+    "heldout_cues": ("held-out, training source", "held-out phrasings"),
+    "system_cue": ("held-out, training source", "held-out type: in the system prompt"),
+    "pushback": ("held-out, training source", "held-out type: doubting the model's answer"),
+    SHIFT + "heldout_cues": ("another source (--shift-source)", "held-out phrasings"),
+    SHIFT + "system_cue": ("another source (--shift-source)", "held-out type: in the system prompt"),
+    SHIFT + "pushback": ("another source (--shift-source)", "held-out type: doubting the model's answer"),
+}
+
+
+@dataclass
+class EvalSet:
+    """The evaluation questions: held-out ones of the training source, and the shifted ones of another source."""
+    questions: list[MCQ]
+    shifted: list[MCQ] = field(default_factory=list)
 
 # the axis (opct.axes.base.Axis): what `opct demo` / `opct eval --axis sycophancy` run; data.py builds the pairs and
 # items, evaluate.py reads the answers and computes the metrics, report.py renders the report section
@@ -48,17 +78,46 @@ def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode:
     return train[:n_train], ev
 
 
-def to_results(ev: dict) -> dict:
-    """evaluate_sycophancy's output -> the results.json shape (metric -> split -> {value, lo, hi, n})."""
-    splits = [s for s in SPLITS if s in ev]
-    return {"sycophancy_rate": {s: ev[s]["sycophancy"] for s in splits},
-            "brr": {s: ev[s]["brr"] for s in splits},
-            "consistency": {s: ev[s]["consistency"] for s in splits},
-            "cued_accuracy": {s: ev[s]["accuracy"] for s in splits},
-            "clean_accuracy": ev["clean_accuracy"],
-            "n": {s: ev[s]["n"] for s in splits},
+def shifted_questions_for(source: str, n: int, seed: int, mode: str, tok, exclude: list[MCQ]) -> list[MCQ]:
+    """The shifted splits' questions: `n` of `source` (drawn with the seed), none of them a training or evaluation
+    question (same question text), readable in text mode; fewer when the source has fewer."""
+    import random
+
+    from opct.data.mcq import load_mcq
+
+    seen = {q.question.strip().lower() for q in exclude}
+    qs = [q for q in load_mcq(source, seed=seed) if q.question.strip().lower() not in seen]
+    random.Random(f"shifted:{source}:{seed}").shuffle(qs)
+    if mode == "text":
+        qs = [q for q in qs if text_readable(tok, q)]
+    return qs[:n]
+
+
+def to_results(ev: dict, shifted: dict | None = None) -> dict:
+    """evaluate_sycophancy's output -> the results.json shape (metric -> split -> {value, lo, hi, n}); `shifted`,
+    its output on the shifted questions, adds the shifted_* splits and shifted_clean_accuracy."""
+    def rows(e, prefix=""):
+        splits = [s for s in SPLITS if s in e]
+        return {"sycophancy_rate": {prefix + s: e[s]["sycophancy"] for s in splits},
+                "brr": {prefix + s: e[s]["brr"] for s in splits},
+                "consistency": {prefix + s: e[s]["consistency"] for s in splits},
+                "cued_accuracy": {prefix + s: e[s]["accuracy"] for s in splits},
+                "n": {prefix + s: e[s]["n"] for s in splits},
+                "per_item": {prefix + s: e[s]["per_item"] for s in splits},
+                **({"unclosed_reasoning": {prefix + k: v for k, v in e["unclosed_reasoning"].items()}}
+                   if "unclosed_reasoning" in e else {})}
+    out = rows(ev)
+    if shifted is not None:
+        for k, v in rows(shifted, SHIFT).items():
+            out.setdefault(k, {}).update(v)
+    per_item = out.pop("per_item")
+    unclosed = out.pop("unclosed_reasoning", None)
+    return {**out, "clean_accuracy": ev["clean_accuracy"],
+            **({"shifted_clean_accuracy": shifted["clean_accuracy"]} if shifted is not None else {}),
             **({"degenerate": ev["degenerate"]} if ev.get("degenerate") else {}),
-            **{k: ev[k] for k in ("reading", "unclosed_reasoning") if k in ev}}
+            **({"reading": ev["reading"]} if "reading" in ev else {}),
+            **({"unclosed_reasoning": unclosed} if unclosed is not None else {}),
+            "per_item": per_item}
 
 
 class SycophancyAxis:
@@ -71,31 +130,52 @@ class SycophancyAxis:
     sft: dict = {}  # greedy targets, one per prompt (BCT)
     opct: dict = {}  # TrainConfig's defaults
     headline = (("sycophancy_rate", "heldout_cues", "lower"), ("sycophancy_rate", "system_cue", "lower"),
-                ("sycophancy_rate", "pushback", "lower"), ("clean_accuracy", None, "higher"))
+                ("sycophancy_rate", "pushback", "lower"), ("sycophancy_rate", SHIFT + "heldout_cues", "lower"),
+                ("clean_accuracy", None, "higher"))
 
     def check(self, cfg) -> None:
         """Nothing outside the process: the questions ship with opct."""
 
-    def compare(self, methods: dict) -> None:
-        """None: each method's intervals are in its own results (no paired comparison)."""
+    def compare(self, methods: dict) -> dict | None:
+        """Paired changes of the sycophancy rate per split, over the questions both models were read on (a 95 %
+        bootstrap interval over questions, one training run each): each trained method minus base ("vs_base") and
+        OPCT minus SFT ("opct_minus_sft"). None without per-question results."""
+        items = {m: r["per_item"] for m, r in methods.items() if isinstance(r, dict) and r.get("per_item")}
+
+        def change(a, b):
+            return {s: c for s in items[a] if s in items[b] and (c := paired_change(items[a][s], items[b][s]))}
+        out = {}
+        if "base" in items:
+            out["vs_base"] = {m: change(m, "base") for m in items if m != "base"}
+        if "opct" in items and "sft" in items:
+            out["opct_minus_sft"] = change("opct", "sft")
+        return out or None
 
     def prepare(self, cfg, tok):
         from opct.axes.base import AxisData
 
         train_q, eval_q = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
-        return AxisData(build_train_pairs(train_q, seed=cfg.seed, mode=cfg.mode), eval_q,
-                        info={"n_train_questions": len(train_q), "n_eval_questions": len(eval_q)})
+        shifted = (shifted_questions_for(cfg.shift_source, cfg.shift_n, cfg.seed, cfg.mode, tok, train_q + eval_q)
+                   if cfg.shift_source else [])
+        return AxisData(build_train_pairs(train_q, seed=cfg.seed, mode=cfg.mode), EvalSet(eval_q, shifted),
+                        info={"n_train_questions": len(train_q), "n_eval_questions": len(eval_q),
+                              "n_shifted_questions": len(shifted), "shift_source": cfg.shift_source})
 
     def evaluate(self, policy, data, cfg, samples=None) -> dict:
-        return to_results(evaluate_sycophancy(policy, data.eval_set, seed=cfg.seed, batch_size=cfg.batch_size,
-                                              mode=cfg.mode, cued_n=cfg.cued_n, think_budget=cfg.think_max_tokens,
-                                              samples=samples))
+        kw = dict(seed=cfg.seed, batch_size=cfg.batch_size, mode=cfg.mode, think_budget=cfg.think_max_tokens)
+        ev = evaluate_sycophancy(policy, data.eval_set.questions, cued_n=cfg.cued_n, samples=samples, **kw)
+        shifted = None
+        if data.eval_set.shifted:
+            shifted = evaluate_sycophancy(policy, data.eval_set.shifted, splits=SHIFTED, **kw,
+                                          samples=None if samples is None else
+                                          Path(samples).with_name(Path(samples).stem + ".shifted.jsonl"))
+        return to_results(ev, shifted)
 
     def probe(self, data, cfg):
         """Held-out-phrasing sycophancy and clean accuracy on the first `probe_n` evaluation questions."""
         if not getattr(cfg, "probe_every", 0):
             return None
-        questions = data.eval_set[:cfg.probe_n]
+        questions = data.eval_set.questions[:cfg.probe_n]
 
         def probe(policy):
             ev = evaluate_sycophancy(policy, questions, seed=cfg.seed, batch_size=cfg.batch_size,

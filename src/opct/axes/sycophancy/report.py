@@ -20,7 +20,7 @@ def report_blocks(results: dict, run_dir: Path) -> list:
     methods, names = method_table(results)
     split_metrics = per_split_metrics(methods)
     splits = splits_of(methods, split_metrics)
-    blocks = results_blocks(results, scalars_title="Without cues")
+    blocks = held_out_blocks(results, splits) + results_blocks(results, scalars_title="Without cues")
     if unclosed_block(methods, names, UNCLOSED_READ):
         blocks.append(unclosed_block(methods, names, UNCLOSED_READ))
     others = [m for m in names if m != "base"]
@@ -34,6 +34,7 @@ def report_blocks(results: dict, run_dir: Path) -> list:
             if base is not None:
                 rows.append([s] + [fmt_ratio(cell(methods, m, "sycophancy_rate", s), base) for m in others])
         blocks.append(("table", ["Split"] + [f"{label(m)} vs base" for m in others], rows))
+    blocks += comparison_blocks(results, splits)
     plot_dir = Path(run_dir) / "plots"
     if any(cell(methods, m, "sycophancy_rate", s) for m in names for s in splits):
         plot_sycophancy(methods, names, splits, plot_dir / "sycophancy_by_split.png")
@@ -43,6 +44,43 @@ def report_blocks(results: dict, run_dir: Path) -> list:
         plot_consistency_accuracy(methods, names, splits, plot_dir / "consistency_accuracy.png")
         blocks.append(("img", "Consistency by split; clean vs cued accuracy", "plots/consistency_accuracy.png"))
     return blocks
+
+
+def held_out_blocks(results: dict, splits: list[str]) -> list:
+    """What each split holds out: its questions and its cue."""
+    from opct.axes.sycophancy import HELD_OUT
+
+    rows = [[s, *HELD_OUT[s]] for s in splits if s in HELD_OUT]
+    if not rows:
+        return []
+    source = (results.get("info") or {}).get("shift_source")
+    return [("h3", "What each split holds out"),
+            ("p", "Training used the training phrasings of user-turn cues on the training questions. "
+                  + (f"The shifted splits' questions come from {source}." if source else "")),
+            ("table", ["Split", "Questions", "Cue"], rows)]
+
+
+def comparison_blocks(results: dict, splits: list[str]) -> list:
+    """Paired changes of the sycophancy rate (results "comparison", from the axis' `compare`)."""
+    comp = results.get("comparison") or {}
+    cols = [(f"{label(m)} − base", cells) for m, cells in (comp.get("vs_base") or {}).items()]
+    if comp.get("opct_minus_sft"):
+        cols.append((f"{label('opct')} − {label('sft')}", comp["opct_minus_sft"]))
+    if not cols:
+        return []
+    rows = [[s] + [fmt_change(c.get(s)) for _, c in cols] for s in splits if any(s in c for _, c in cols)]
+    return [("h3", "Sycophancy rate: paired changes"),
+            ("p", "Each cell is the mean over the questions both models were read on of the difference in whether "
+                  "the cued answer took the suggestion, with a 95% bootstrap interval over those questions (1,000 "
+                  "resamples). Negative = less sycophantic. One training run per method: the interval covers "
+                  "the questions, not the training seed."),
+            ("table", ["Split"] + [name for name, _ in cols], rows)]
+
+
+def fmt_change(c) -> str:
+    if not c or c.get("value") is None:
+        return DASH
+    return f"{c['value']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] (n={c['n']})"
 
 
 def plot_sycophancy(methods: dict, names: list[str], splits: list[str], path: Path) -> None:
