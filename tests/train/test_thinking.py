@@ -206,12 +206,17 @@ class Scripted(Policy):
         return [list(self.responses[i % len(self.responses)]) for i in range(len(prompts_N))]
 
 
-def script(tok):
+def three_replies(tok, thought: str, answer: str, unfinished: str, direct: str):
+    """A closed reasoning then its answer; a reasoning the budget cut off; a reply without reasoning."""
     (o,), (c,) = reasoning.think_ids(tok, "auto")
     enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    return [[o, *enc("\nThey want fraud.\n"), c, *enc("\n\nI can't help with that."), tok.eos_token_id],
-            [o, *enc("\nHmm, let me think")],  # the budget ran out inside the reasoning
-            [*enc("Sure, here it is."), tok.eos_token_id]]  # no reasoning at all
+    return [[o, *enc(f"\n{thought}\n"), c, *enc(f"\n\n{answer}"), tok.eos_token_id],
+            [o, *enc(f"\n{unfinished}")],
+            [*enc(direct), tok.eos_token_id]]
+
+
+def script(tok):
+    return three_replies(tok, "They want fraud.", "I can't help with that.", "Hmm, let me think", "Sure, here it is.")
 
 
 def test_replies_split_reasoning_from_the_answer_and_flag_unclosed_ones(tok):
@@ -299,11 +304,7 @@ class Reads(Scripted):
 
 
 def reasoned(tok):
-    (o,), (c,) = reasoning.think_ids(tok, "auto")
-    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    return [[o, *enc("\nso B\n"), c, *enc("\n\nB. no"), tok.eos_token_id],
-            [o, *enc("\nhmm")],  # the budget ran out inside the reasoning
-            [*enc("A. yes"), tok.eos_token_id]]  # no reasoning at all
+    return three_replies(tok, "so B", "B. no", "hmm", "A. yes")
 
 
 def test_sycophancy_reads_a_thinking_models_answer_after_its_reasoning(tok):

@@ -126,26 +126,36 @@ class Reply:
     closed: bool = True
 
 
+def generate_split(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0,
+                   batch_size: int = 16, seed: int = 0) -> list[tuple[list[int], list[int], int | None]]:
+    """Each chat rendered (chat template, its options `policy.chat_options`, generation prompt) and answered: (prompt
+    ids, reply ids, where the reply's answer starts after a thinking model's reasoning: 0 without reasoning, None
+    where the reasoning never closed). Sampled ones draw from one generator seeded with `seed`."""
+    from opct.backends.sampling import SamplingSettings
+    from opct.data.pairs import render_prompt
+    from opct.data.reasoning import answer_start, opens
+
+    ids = [render_prompt(policy.tok, m, policy.chat_options) for m in chats]
+    got = policy.generate(ids, SamplingSettings(max_new_tokens, temperature), torch.Generator().manual_seed(seed),
+                          batch_size=batch_size)
+    tags = policy.think_ids
+    return [(p, r, answer_start(r, tags, opens(p, tags))) for p, r in zip(ids, got)]
+
+
 def replies(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
             seed: int = 0, think_budget: int = 0) -> list[Reply]:
     """`respond`, with each reply split into reasoning and answer (`Reply`). A thinking model (`policy.think_ids`)
     may generate `think_budget` more tokens, for its reasoning."""
-    from opct.backends.sampling import SamplingSettings
-    from opct.data.pairs import render_prompt
-    from opct.data.reasoning import answer_start, opens, reasoning_ids
+    from opct.data.reasoning import reasoning_ids
 
-    tok = policy.tok
-    ids = [render_prompt(tok, m, policy.chat_options) for m in chats]
-    budget = max_new_tokens + (think_budget if policy.think_ids is not None else 0)
-    responses = policy.generate(ids, SamplingSettings(budget, temperature), torch.Generator().manual_seed(seed),
-                                batch_size=batch_size)
+    tok, tags = policy.tok, policy.think_ids
+    budget = max_new_tokens + (think_budget if tags is not None else 0)
 
     def text(r):
         return tok.decode(r, skip_special_tokens=True).strip()
 
-    tags, out = policy.think_ids, []
-    for p, r in zip(ids, responses):
-        start = answer_start(r, tags, opens(p, tags))
+    out = []
+    for _, r, start in generate_split(policy, chats, budget, temperature, batch_size, seed):
         if tags is None or start == 0:
             out.append(Reply(text(r)))
             continue

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from opct.axes.base import UNCLOSED, AxisData, Reply, replies, unclosed_counts
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
-from opct.axes.safety.evaluate import (TAUS_PAPER, ausc, paired_change, per_fact_pass_rates, rate_cell, safety_curve,
-                                       share_at_100)
+from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
+from opct.stats import paired_change, rate_cell
 from opct.data.io import atomic_write
 from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
 

@@ -110,14 +110,11 @@ def to_results(ev: dict, shifted: dict | None = None) -> dict:
     if shifted is not None:
         for k, v in rows(shifted, SHIFT).items():
             out.setdefault(k, {}).update(v)
-    per_item = out.pop("per_item")
-    unclosed = out.pop("unclosed_reasoning", None)
-    return {**out, "clean_accuracy": ev["clean_accuracy"],
-            **({"shifted_clean_accuracy": shifted["clean_accuracy"]} if shifted is not None else {}),
-            **({"degenerate": ev["degenerate"]} if ev.get("degenerate") else {}),
-            **({"reading": ev["reading"]} if "reading" in ev else {}),
-            **({"unclosed_reasoning": unclosed} if unclosed is not None else {}),
-            "per_item": per_item}
+    out["clean_accuracy"] = ev["clean_accuracy"]
+    if shifted is not None:
+        out["shifted_clean_accuracy"] = shifted["clean_accuracy"]
+    return {**out, **({"degenerate": ev["degenerate"]} if ev.get("degenerate") else {}),
+            **({"reading": ev["reading"]} if "reading" in ev else {})}
 
 
 class SycophancyAxis:

@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from opct.data.mcq import LETTERS, MCQ
-from opct.backends.sampling import SamplingSettings
 from opct.data.pairs import render_prompt
-from opct.data.reasoning import answer_start, answers_at_once, opens, reasoning_ids
+from opct.data.reasoning import answers_at_once, reasoning_ids
 from opct.stats import diff_interval, wilson
 from opct.axes.sycophancy.data import ANSWER_PREFIX, SPLITS, EvalItem, build_eval_items, check_mode, clean_messages
 
@@ -82,14 +81,12 @@ def reason_then_prompt(policy, messages_N: list[list[dict]], mode: str, think_bu
     """The first phase for a thinking model: its greedy reasoning after each prompt, cut right after the closing tag,
     plus the forced reply start (`AFTER_REASONING`). Returns (ids to read the answer after, or None where the
     reasoning did not close within `think_budget` tokens; each prompt's reasoning as text)."""
+    from opct.axes.base import generate_split
+
     tok, tags = policy.tok, policy.think_ids
-    prompts = [render_prompt(tok, m, policy.chat_options) for m in messages_N]
-    got = policy.generate(prompts, SamplingSettings(think_budget, 0.0), torch.Generator().manual_seed(seed),
-                          batch_size=batch_size)
     forced = forced_start(tok, tags, mode)
     ids, thoughts = [], []
-    for p, r in zip(prompts, got):
-        start = answer_start(r, tags, opens(p, tags))
+    for p, r, start in generate_split(policy, messages_N, think_budget, 0.0, batch_size, seed):
         ids.append(None if start is None else p + r[:start] + forced)  # start 0: the model skipped its reasoning
         thought = [] if start == 0 else reasoning_ids(r, tags)  # without its tags
         thoughts.append(tok.decode(thought, skip_special_tokens=True).strip())
