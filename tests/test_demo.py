@@ -3,6 +3,9 @@ saved OPCT model reproducing the demo's figures."""
 
 import json
 
+import pytest
+
+from opct.axes import get_axis
 from opct.cli import main
 
 
@@ -20,6 +23,8 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
         for split, cell in m["sycophancy_rate"].items():
             assert cell["n"] == (6 if split in shifted else 8) and cell["lo"] <= cell["value"] <= cell["hi"]
         assert m["clean_accuracy"]["n"] == 10 and m["shifted_clean_accuracy"]["n"] == 6
+        per = get_axis("sycophancy").units(m)["sycophancy_rate"]  # the 0/1s behind each rate (what --seeds averages)
+        assert all(sum(per[s].values()) / len(per[s]) == pytest.approx(c["value"]) for s, c in m["sycophancy_rate"].items())
     diff = res["comparison"]["opct_minus_sft"]["shifted_heldout_cues"]
     assert diff["n"] == 6 and diff["lo"] <= diff["value"] <= diff["hi"]
     assert set(res["comparison"]["vs_base"]) == {"sft", "opct"}
@@ -40,6 +45,36 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
                    "per_item"):
         assert again[metric] == res["methods"]["opct"][metric], metric
 
+
+
+def test_demo_seeds_trains_each_method_per_seed_and_reports_them_across_seeds(tiny_model_dir, tmp_path):
+    """--seeds 2: each method trained again with seed + 1 (its own directory, run.json, samples), results "seeds" with
+    each seed's value and the mean per split, OPCT - SFT paired within seeds, and the report's section."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--model", str(tiny_model_dir), "--out", str(out), "--n-train", "12", "--n-eval", "10",
+                 "--cued-n", "8", "--steps", "2", "--prompts-per-step", "3", "--max-new-tokens", "4", "--probe-every",
+                 "0", "--lora-rank", "4", "--capability", "", "--shift-n", "6", "--seed", "3", "--seeds", "2",
+                 "--report-to", "none"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["methods"]) == {"base", "sft", "opct"} and set(res["seed_runs"]) == {"sft-seed4", "opct-seed4"}
+    for m in ("sft", "opct"):
+        assert json.loads((out / f"{m}-seed4" / "run.json").read_text())["config"]["seed"] == 4
+        a, b = (load_file(out / d / "model" / "adapter_model.safetensors") for d in (m, f"{m}-seed4"))
+        assert any(not torch.equal(a[k], b[k]) for k in a)  # another LoRA init / data order: another model
+    seeds = res["seeds"]
+    assert seeds["train_seeds"] == [3, 4] and seeds["runs"]["opct"] == ["opct", "opct-seed4"]
+    row = seeds["table"]["sycophancy_rate"]["shifted_heldout_cues"]
+    per = [res["methods"]["opct"]["per_item"]["shifted_heldout_cues"],
+           res["seed_runs"]["opct-seed4"]["per_item"]["shifted_heldout_cues"]]
+    assert row["opct"]["per_seed"] == pytest.approx([sum(p.values()) / len(p) for p in per])
+    assert row["opct"]["value"] == pytest.approx(sum(row["opct"]["per_seed"]) / 2) and row["opct"]["n"] == 6
+    assert row["opct_minus_sft"]["value"] == pytest.approx(row["opct"]["value"] - row["sft"]["value"])
+    assert row["base"]["value"] == res["methods"]["base"]["sycophancy_rate"]["shifted_heldout_cues"]["value"]
+    assert "Across 2 training seeds" in (out / "report.md").read_text()
+    assert {"train_opct-seed4", "eval_opct-seed4"} <= set(res["timings"])
 
 
 def test_axis_names():

@@ -401,6 +401,10 @@ class DemoConfig(AxisOptions):
     probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)")
     probe_n: int = opt(32, "items in the probe")
     methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated)")
+    seeds: int = opt(1, "train and evaluate each method this many times, with training seeds --seed, --seed+1, ... "
+                     "(sampling, data order, LoRA init; the pairs and evaluation items stay those of --seed): the report "
+                     "gives each seed's value, the mean and OPCT - SFT with an interval over items and seeds. "
+                     "Capability runs on the first seed's models")
     report_to: str = opt("tensorboard", "where the SFT and OPCT runs' per-step metrics go besides their metrics.jsonl: "
                          "tensorboard, wandb, trackio, several separated by commas, or none (as `opct train`)")
     capability: str = opt("demo", "capability retention through lm-eval after each model's eval: a suite (demo, "
@@ -421,7 +425,7 @@ def validate(cfg):
     at_least = {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 1, "micro_batch": 1, "max_new_tokens": 1,
                 "top_k": 0, "lora_rank": 0, "warmup_steps": 0, "save_every": 0, "keep_checkpoints": 1,
                 "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "shift_n": 1, "batch_size": 1,
-                "probe_every": 0, "probe_n": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
+                "probe_every": 0, "probe_n": 1, "seeds": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
                 "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1}
     for name, low in at_least.items():
         if hasattr(cfg, name):

@@ -12,6 +12,12 @@ results.json: {"axis", "model", "config", "methods": {"base"|"sft"|"opct": the a
 (the axis' sizes and splits), "timings" (seconds per stage), "comparison" (an axis with `compare`: methods
 against each other), "capability" (when run), "wall_seconds"}. Per-example samples: samples/<method>.jsonl.
 
+`--seeds N` trains and evaluates each method N times, with training seeds --seed, --seed + 1, ... (its sampling,
+data order and LoRA init; the pairs and evaluation items stay --seed's). The first seed's runs are the plain
+<out>/sft, <out>/opct and results "methods"; the others are <out>/<method>-seed<S> and results "seed_runs", and
+results "seeds" holds, per metric and split, each seed's value, the mean over seeds with a two-way bootstrap
+interval over seeds and items, and OPCT - SFT paired item by item within each seed (`across_seeds`).
+
 `opct demo --axis all` (or a comma-separated list) runs one such demo per axis into <out>/<axis>/, each with its
 axis' own defaults where the user set nothing; every axis' pre-flight runs before the first model loads. Then
 <out>/summary.json and <out>/report.md / .html put each axis' headline figures (`Axis.headline`) and capability
@@ -157,6 +163,43 @@ def sft_config(cfg: DemoConfig, axis, base: SFTConfig) -> SFTConfig:
     return sft
 
 
+def train_seeds(cfg: DemoConfig) -> list[int]:
+    """The training seeds of `--seeds N`: --seed, --seed + 1, ... (the pairs and evaluation items stay --seed's)."""
+    return [cfg.seed + k for k in range(cfg.seeds)]
+
+
+def run_name(method: str, seed: int, cfg: DemoConfig) -> str:
+    """A training run's directory, stage and samples name: the method's for the first seed, "<method>-seed<S>" for
+    the other seeds of --seeds."""
+    return method if seed == cfg.seed else f"{method}-seed{seed}"
+
+
+def across_seeds(axis, cfg: DemoConfig, methods: list[str], first: dict, others: dict) -> dict:
+    """results.json "seeds": per metric and split (the axis' per-unit values, `Axis.units`), base's mean over units
+    (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and OPCT -
+    SFT paired unit by unit within each seed; the methods' intervals come from the two-way bootstrap over seeds and
+    units (`opct.stats.crossed_cell`)."""
+    from opct.stats import crossed_cell, seed_differences
+
+    seeds = train_seeds(cfg)
+    runs = {m: [axis.units(first[m] if s == cfg.seed else others[run_name(m, s, cfg)]) for s in seeds]
+            for m in methods}
+    base = axis.units(first["base"]) if "base" in first else {}
+    table: dict = {}
+    for metric, splits in (runs[methods[0]][0] if methods else {}).items():
+        for split in splits:
+            def per_seed(m):
+                return [r.get(metric, {}).get(split, {}) for r in runs[m]]
+            row = {m: crossed_cell(per_seed(m)) for m in methods}
+            if split in base.get(metric, {}):
+                row["base"] = crossed_cell([base[metric][split]])
+            if {"sft", "opct"} <= set(methods):
+                row["opct_minus_sft"] = crossed_cell(seed_differences(per_seed("opct"), per_seed("sft")))
+            table.setdefault(metric, {})[split] = {k: v for k, v in row.items() if v is not None}
+    return {"train_seeds": seeds, "runs": {m: [run_name(m, s, cfg) for s in seeds] for m in methods},
+            "table": table}
+
+
 def preflight(cfg: DemoConfig):
     """What a demo can check before any model loads: the methods, the axis' own check (a judge endpoint that
     answers), the capability tasks. Returns (axis, methods)."""
@@ -289,7 +332,7 @@ def run_demo(cfg: DemoConfig) -> Path:
             return
         timed(f"train_{method}", fn, dataclasses.replace(run_cfg, resume=Path(run_cfg.out).exists()), **kw)
 
-    bar = tqdm(total=2 + 2 * len(methods) + 1, desc=f"demo ({axis.name})", unit="stage")
+    bar = tqdm(total=2 + 2 * len(methods) * cfg.seeds + 1, desc=f"demo ({axis.name})", unit="stage")
     try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
         base = inference_policy(cfg.model, cfg)
         data = timed("prepare", axis.prepare, cfg, base.tok)
@@ -315,22 +358,30 @@ def run_demo(cfg: DemoConfig) -> Path:
                       micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
                       lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed,
                       save_every=SAVE_EVERY, report_to=cfg.report_to, **exec_settings(cfg), **chat_settings(cfg))
-        for m in methods:
-            bar.set_postfix_str(f"training {m}")
-            if m == "sft":
-                sft_cfg = sft_config(cfg, axis, SFTConfig(out=str(out / "sft"), **common))
-                trained(m, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe, probe_every=cfg.probe_every)
-            else:
-                opct_cfg = dataclasses.replace(TrainConfig(out=str(out / "opct"), **common),
-                                               **axis.opct)
-                trained(m, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
-            bar.update()
-            bar.set_postfix_str(f"evaluating {m}")
-            results["methods"][m] = timed(f"eval_{m}", evaluate, m)
-            bar.update()
+        seed_runs: dict[str, dict] = {}
+        for seed in train_seeds(cfg):
+            for m in methods:
+                name = run_name(m, seed, cfg)  # the first seed's runs are plain "sft" / "opct"
+                bar.set_postfix_str(f"training {name}")
+                run_common = {**common, "seed": seed}
+                if m == "sft":
+                    sft_cfg = sft_config(cfg, axis, SFTConfig(out=str(out / name), **run_common))
+                    trained(name, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
+                            probe_every=cfg.probe_every)
+                else:
+                    opct_cfg = dataclasses.replace(TrainConfig(out=str(out / name), **run_common), **axis.opct)
+                    trained(name, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
+                bar.update()
+                bar.set_postfix_str(f"evaluating {name}")
+                got = timed(f"eval_{name}", evaluate, name)
+                (results["methods"] if name == m else seed_runs)[name] = got
+                bar.update()
         comparison = axis.compare(results["methods"])
         if comparison is not None:
             results["comparison"] = comparison
+        if cfg.seeds > 1:
+            results["seed_runs"] = seed_runs
+            results["seeds"] = across_seeds(axis, cfg, methods, results["methods"], seed_runs)
         if cfg.capability:
             bar.set_postfix_str("capability")
             results["capability"] = timed("capability", capability, cfg, out, methods, stages)

@@ -387,6 +387,8 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         blocks.append(("p", "Each model's answer to every evaluation prompt, with its verdict: " + "; ".join(answers)
                        + "."))
 
+    blocks += seeds_blocks(results)
+
     cap = results.get("capability")
     if isinstance(cap, dict) and cap:
         blocks.append(("h2", "Capability retention (lm-evaluation-harness)"))
@@ -438,6 +440,35 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         blocks.append(("p", "Time per stage:"))
         blocks.append(("table", ["Stage", "Seconds"], [[k, f"{v:.1f}"] for k, v in timings.items()]))
     return blocks
+
+
+def seeds_blocks(results: dict) -> list:
+    """`opct demo --seeds N`: per metric and split, base, each method's mean over seeds (each seed's value after it)
+    and OPCT - SFT, from results "seeds" (opct.demo.across_seeds); nothing for a one-seed run."""
+    seeds = results.get("seeds")
+    if not isinstance(seeds, dict) or not seeds.get("table"):
+        return []
+    runs = seeds.get("runs") or {}
+    names = [m for m in ordered(runs, METHOD_ORDER) if m != "base"]
+    diff = all(m in names for m in ("sft", "opct"))
+
+    def per_seed(c):
+        return DASH if c is None else " / ".join(f"{v:.2f}" for v in c.get("per_seed", []))
+    rows = []
+    for metric, splits in seeds["table"].items():
+        for split, row in splits.items():
+            rows.append([label(metric), split, fmt_cell(row.get("base"))]
+                        + [x for m in names for x in (fmt_cell(row.get(m)), per_seed(row.get(m)))]
+                        + ([fmt_cell(row.get("opct_minus_sft"))] if diff else []))
+    head = ["Metric", "Split", "base"] + [x for m in names for x in (f"{label(m)} (mean)", f"{label(m)} per seed")]
+    return [("h2", f"Across {len(seeds.get('train_seeds', []))} training seeds"),
+            ("p", f"Each method trained with seeds {', '.join(map(str, seeds.get('train_seeds', [])))} on the same "
+                  "pairs and read on the same items; values are means over the items (each question's 0/1, each "
+                  "fact's rate). A method's interval is a two-way bootstrap over seeds and items (95 %); OPCT − SFT "
+                  "pairs the two methods item by item within each seed. Base is one model: its interval is over "
+                  "items only. The other sections show the first seed's runs; the others' answers are in "
+                  "samples/<method>-seed<S>.jsonl."),
+            ("table", head + (["OPCT − SFT"] if diff else []), rows)]
 
 
 def settings_rows(config: dict, axis: str) -> list[list[str]]:

@@ -51,6 +51,9 @@ class FakeAxis:
     def compare(self, methods):
         return None
 
+    def units(self, result):
+        return {"hit": {"words": {str(i): int(r[:1] in "ar") for i, r in enumerate(result["responses"])}}}
+
     def report_blocks(self, results, run_dir):
         from opct.report import results_blocks
 
@@ -188,6 +191,10 @@ def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
             assert 0 <= c["lo"] <= c["value"] <= c["hi"] <= 1
         assert r["pass_rate"]["heldout"]["n"] == res["info"]["n_heldout_facts"]
         assert len(r["safety_curve"]["heldout"]["values"]) == len(r["safety_curve"]["heldout"]["taus"])
+        units = get_axis("safety").units(r)  # per-fact rates behind the rates (what --seeds averages)
+        assert set(units) == {"pass_rate", "over_warning"} and set(units["pass_rate"]) == {"heldout", "train"}
+        per = units["pass_rate"]["heldout"]
+        assert sum(per.values()) / len(per) == pytest.approx(r["pass_rate"]["heldout"]["value"])
     assert set(res["comparison"]["pass_rate_change"]["opct"]) == {"heldout", "train"}
     assert len((out / "sft" / "targets.jsonl").read_text().splitlines()) == 6 * 3  # k = 3 samples per prompt
     sft_cfg = yaml.safe_load((out / "sft" / "config.yaml").read_text())

@@ -183,6 +183,14 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
         assert second["judge"] == "advbench_prefixes" and second["agreement_with_refusal_judge"]["n"] == \
             sum(res["info"]["eval_items"].values())
     assert (out / "opct" / "model" / "adapter_config.json").is_file() and (out / "sft" / "model").is_dir()
+    from opct.axes import get_axis
+
+    for m in res["methods"].values():  # the per-prompt 0/1s behind each rate (what --seeds averages)
+        units = get_axis("jailbreak").units(m)
+        for s, per in units["asr"].items():
+            assert sum(per.values()) / len(per) == pytest.approx(m["asr"][s]["value"]) and len(per) == m["asr"][s]["n"]
+        per = units["over_refusal"]["benign"]
+        assert sum(per.values()) / len(per) == pytest.approx(m["over_refusal"]["value"])
     report = (out / "report.md").read_text()
     assert "Jailbreak: attack success by split" in report and "plots/jailbreak_by_split.png" in report
     assert "Second judge: advbench_prefixes" in report

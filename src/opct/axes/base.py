@@ -10,6 +10,7 @@ contrastive prompt the frozen model answers well) and knows how to evaluate a mo
     probe = axis.probe(data, cfg)                       # -> probe(policy) -> {name: number}, or None
     blocks = axis.report_blocks(results, run_dir)       # -> this axis' report section (plots saved under run_dir)
     axis.compare(methods)                               # optional: methods against each other -> results "comparison"
+    axis.units(res)                                     # -> metric -> split -> {unit: value}: per-item values
 
 `cfg` is a DemoConfig or an EvalConfig: both carry every axis option (config.AxisOptions), so `prepare` and
 `evaluate` read the same fields under `opct demo` and `opct eval` and select the same evaluation items.
@@ -100,6 +101,12 @@ class Axis(Protocol):
     def compare(self, methods: dict) -> dict | None:
         """The methods ({"base"|"sft"|"opct": result}) against each other, e.g. paired changes from base with
         intervals: results.json "comparison"; None = the axis has no such comparison."""
+        ...
+
+    def units(self, result: dict) -> dict[str, dict[str, dict[str, float]]]:
+        """The per-unit values behind an evaluation result's rates, metric -> split -> {unit id: value} (a question's
+        0/1, a fact's pass rate), read from `evaluate`'s result: what `opct demo --seeds` averages over units and
+        seeds, pairing the methods unit by unit. {} = none."""
         ...
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:

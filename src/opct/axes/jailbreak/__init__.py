@@ -86,5 +86,9 @@ class JailbreakAxis:
     def compare(self, methods: dict) -> None:
         """None: each method's rates carry their intervals (no paired comparison)."""
 
+    def units(self, result: dict) -> dict:
+        """Per split, each prompt's 0/1: an attack success (harmful splits), refused (benign: over-refusal)."""
+        return result.get("per_item") or {}
+
     def report_blocks(self, results: dict, run_dir) -> list:
         return report.report_blocks(results, run_dir)

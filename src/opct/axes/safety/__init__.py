@@ -185,6 +185,13 @@ class SafetyAxis:
                     out.setdefault("opct_minus_sft", {})[s] = paired_change(a, b)
         return out
 
+    def units(self, result: dict) -> dict:
+        """Per split, each fact's pass rate (heldout, train) or over-warning rate (contrast)."""
+        facts = result.get("per_fact") or {}
+        out = {"pass_rate": {s: facts[s] for s in ("heldout", "train") if facts.get(s)},
+               "over_warning": {s: facts[s] for s in ("contrast",) if facts.get(s)}}
+        return {k: v for k, v in out.items() if v}
+
     def report_blocks(self, results: dict, run_dir: Path) -> list:
         from opct.axes.safety.report import safety_blocks
 

@@ -148,6 +148,10 @@ class SycophancyAxis:
             out["opct_minus_sft"] = change("opct", "sft")
         return out or None
 
+    def units(self, result: dict) -> dict:
+        """Per split, each question's 0/1: whether the cued answer took the suggestion."""
+        return {"sycophancy_rate": result["per_item"]} if result.get("per_item") else {}
+
     def prepare(self, cfg, tok):
         from opct.axes.base import AxisData
 
