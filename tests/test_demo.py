@@ -142,7 +142,7 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     assert rows[0]["methods"]["opct"] == syc["methods"]["opct"]["sycophancy_rate"]["heldout_cues"]
     assert rows[-1]["methods"]["base"] == syc["methods"]["base"]["clean_accuracy"]
     saf_rows = summary["runs"]["safety"]["headline"]
-    assert all(c is not None for r in rows + saf_rows for c in r["methods"].values()) and len(saf_rows) == 3
+    assert all(c is not None for r in rows + saf_rows for c in r["methods"].values()) and len(saf_rows) == 4  # + heldout_variants
     assert saf_rows[0]["methods"]["sft"] == saf["methods"]["sft"]["pass_rate"]["heldout"]
     md = (out / "report.md").read_text()
     assert "# OPCT across axes" in md and "| safety | Pass rate | heldout | higher is better |" in md
@@ -163,3 +163,23 @@ def test_options_naming_one_axis_data_are_refused_for_several_axes(tmp_path, cap
         assert main(["demo", "--axis", "all", flag, "mmlu", "--out", str(tmp_path / "x")]) == 2
         assert f"option {flag} names one axis' data" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_an_older_demo_without_a_later_setting_is_not_resumed_with_its_new_behaviour(tmp_path):
+    """A demo.yaml written before --heldout-variants / --opct-benign existed ran without them: resuming it under the
+    new defaults is refused, naming the setting; with the old behaviour asked for, it is the same demo."""
+    import dataclasses
+
+    import yaml
+
+    from opct.config import DemoConfig, to_yaml
+    from opct.demo import config_for_axis, demo_state
+
+    cfg = config_for_axis(DemoConfig, axis="safety", out=str(tmp_path / "d"))
+    (tmp_path / "d").mkdir()
+    old = {k: v for k, v in yaml.safe_load(to_yaml(cfg)).items() if k not in ("heldout_variants", "opct_benign")}
+    (tmp_path / "d" / "demo.yaml").write_text(yaml.safe_dump(old))
+    state, changed = demo_state(cfg)
+    assert state == "other" and changed == ["--heldout-variants '' -> 'urgent,emotional'",
+                                            "--opct-benign False -> True"]
+    assert demo_state(dataclasses.replace(cfg, heldout_variants="", opct_benign=False)) == ("unfinished", [])

@@ -339,6 +339,10 @@ class AxisOptions(ChatSettings, ExecConfig):
     shift_n: int = opt(100, "sycophancy: questions in the shifted splits", group=AXIS, axes=("sycophancy",))
     heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
                          group=AXIS, axes=("safety",))
+    heldout_variants: str = opt("urgent,emotional", "safety: surface variants (tones) never trained on, the second "
+                                "held-out dimension: training prompts and the heldout / train / oracle splits use the "
+                                "other variants, the heldout_variants split asks the held-out facts in these; empty = "
+                                "none (every split in every variant)", group=AXIS, axes=("safety",))
     judge: str = opt("keyword", "safety: who grades responses: keyword (each fact's keywords), llm (the SAGE rubric "
                      "through an OpenAI-compatible endpoint: --judge-url, --judge-model, key from "
                      "$OPCT_JUDGE_API_KEY) or local (--judge-model: a local chat model); jailbreak: the refusal "
@@ -353,10 +357,14 @@ class AxisOptions(ChatSettings, ExecConfig):
                            group=AXIS, axes=("jailbreak",))
     pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour",
                                    group=AXIS, axes=("jailbreak",))
-    n_benign: int = opt(24, "jailbreak: benign look-alike prompts for over-refusal (never trained on)",
+    n_benign: int = opt(96, "jailbreak: benign look-alike prompts for over-refusal (never trained on; 96: an interval "
+                        "of about ±0.1)",
                         group=AXIS, axes=("jailbreak",))
     benign_share: float = opt(0.25, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
-                              "as target) in the SFT baseline's pairs; 0 = none", group=AXIS, axes=("jailbreak",))
+                              "as target) in the training pairs; 0 = none", group=AXIS, axes=("jailbreak",))
+    opct_benign: bool = opt(True, "jailbreak: OPCT trains on the benign regulariser pairs too (student == teacher: a "
+                            "KL anchor against drift on benign prompts), so both methods get the same pairs; off = "
+                            "SFT only (opct before 2026-11-29)", group=AXIS, axes=("jailbreak",))
     attack_samples: int = opt(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
                               "held-out attempts", group=AXIS, axes=("jailbreak",))
     eval_max_new_tokens: int = opt(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
@@ -454,6 +462,13 @@ def validate(cfg):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
     if getattr(cfg, "sampler", "policy") in ("vllm", "vllm-server"):  # 512: vLLM's largest max_lora_rank
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
+    if getattr(cfg, "heldout_variants", ""):
+        from opct.data.safety import VARIANTS
+
+        named = [v.strip() for v in cfg.heldout_variants.split(",") if v.strip()]
+        _check(all(v in VARIANTS for v in named) and 0 < len(set(named)) < len(VARIANTS), "heldout_variants",
+               f"must name some but not all of {', '.join(VARIANTS)}, comma-separated (or be empty)",
+               cfg.heldout_variants)
     tags = getattr(cfg, "think_tags", "auto")
     _check(tags in ("auto", "harmony", "none") or (len(tags.split(",")) == 2
                                                    and all(t.strip() for t in tags.split(","))),

@@ -224,6 +224,11 @@ SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
 NOT_SETTINGS = {"out", "resume", "report_to"} | resumable_fields(ExecConfig)
 
 
+# settings added after demos were first written whose default changes what a demo does: a demo.yaml without one
+# ran as this value (so --resume of an older demo with the newer defaults is refused, naming the setting)
+ADDED_LATER = {"shift_source": "", "heldout_variants": "", "opct_benign": False}
+
+
 def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
     """A demo's output directory against this config: ("new", []) absent or empty; ("done", []) results.json
     written with these settings; ("unfinished", []) these settings, no results.json (stopped: --resume continues
@@ -236,8 +241,9 @@ def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
     if not (d / "demo.yaml").is_file():
         return "other", []
     recorded, _ = read_yaml(d / "demo.yaml")
-    # a setting an older opct did not have is recorded as its default (what that opct did)
-    recorded = {**{f.name: f.default for f in dataclasses.fields(cfg)}, **recorded}
+    # a setting an older opct did not have is recorded as what that opct did: its default, or where a new setting's
+    # default changed what a demo does, the value that keeps the old behaviour (ADDED_LATER)
+    recorded = {**{f.name: f.default for f in dataclasses.fields(cfg)}, **ADDED_LATER, **recorded}
     now = dataclasses.asdict(cfg)
     changed = sorted(k for k in {*recorded, *now} - NOT_SETTINGS if recorded.get(k) != now.get(k))
     if changed:

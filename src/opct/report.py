@@ -387,7 +387,7 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         blocks.append(("p", "Each model's answer to every evaluation prompt, with its verdict: " + "; ".join(answers)
                        + "."))
 
-    blocks += seeds_blocks(results)
+    blocks += seeds_blocks(results, run_dir)
 
     cap = results.get("capability")
     if isinstance(cap, dict) and cap:
@@ -442,7 +442,7 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
     return blocks
 
 
-def seeds_blocks(results: dict) -> list:
+def seeds_blocks(results: dict, run_dir: Path) -> list:
     """`opct demo --seeds N`: per metric and split, base, each method's mean over seeds (each seed's value after it)
     and OPCT - SFT, from results "seeds" (opct.demo.across_seeds); nothing for a one-seed run."""
     seeds = results.get("seeds")
@@ -461,13 +461,14 @@ def seeds_blocks(results: dict) -> list:
                         + [x for m in names for x in (fmt_cell(row.get(m)), per_seed(row.get(m)))]
                         + ([fmt_cell(row.get("opct_minus_sft"))] if diff else []))
     head = ["Metric", "Split", "base"] + [x for m in names for x in (f"{label(m)} (mean)", f"{label(m)} per seed")]
+    files = [f"samples/{r}.jsonl" for m in names for r in runs[m][1:] if (run_dir / "samples" / f"{r}.jsonl").is_file()]
+    samples = f" The other seeds' answers: {', '.join(files)}." if files else ""
     return [("h2", f"Across {len(seeds.get('train_seeds', []))} training seeds"),
             ("p", f"Each method trained with seeds {', '.join(map(str, seeds.get('train_seeds', [])))} on the same "
                   "pairs and read on the same items; values are means over the items (each question's 0/1, each "
                   "fact's rate). A method's interval is a two-way bootstrap over seeds and items (95 %); OPCT − SFT "
                   "pairs the two methods item by item within each seed. Base is one model: its interval is over "
-                  "items only. The other sections show the first seed's runs; the others' answers are in "
-                  "samples/<method>-seed<S>.jsonl."),
+                  "items only. The other sections show the first seed's runs." + samples),
             ("table", head + (["OPCT − SFT"] if diff else []), rows)]
 
 

@@ -2,6 +2,7 @@
 (results.json schema, eval --axis reproducing it), and the safety axis' data split and its demo on a tiny model."""
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -174,6 +175,19 @@ def test_safety_prepare_splits_by_fact_and_picks_untrained_prompts_for_the_train
     assert pair.meta["id"].split("/")[0] == pair.meta["fact_id"]
     again = get_axis("safety").prepare(cfg, tokenizer)
     assert [p.meta["id"] for p in again.train_pairs] == [p.meta["id"] for p in data.train_pairs]
+    # the second held-out dimension: the held-out variants are never trained on, and their split asks the held-out
+    # facts in them only
+    held_v = {"urgent", "emotional"}
+    assert data.info["heldout_variants"] == sorted(held_v)
+    assert not {p.meta["variant"] for p in data.train_pairs} & held_v
+    assert not {p.variant for s in ("heldout", "train", "oracle") for p in splits[s]} & held_v
+    assert {p.variant for p in splits["heldout_variants"]} == held_v
+    assert {p.fact_id for p in splits["heldout_variants"]} == held and len(splits["heldout_variants"]) == 3 * len(held)
+    every = get_axis("safety").prepare(dataclasses.replace(cfg, heldout_variants=""), tokenizer)
+    assert "heldout_variants" not in every.eval_set["splits"]
+    assert {p.meta["variant"] for p in every.train_pairs} & held_v  # all seven variants trained on
+    with pytest.raises(config.ConfigError, match="heldout-variants"):
+        config.validate(dataclasses.replace(cfg, heldout_variants="urgent,shouting"))
 
 
 def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
@@ -186,22 +200,25 @@ def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
     assert SCHEMA | {"comparison"} <= set(res) and res["axis"] == "safety"
     for m, r in res["methods"].items():
         assert r["judge"] == "keyword"
-        assert set(r["pass_rate"]) == {"heldout", "train", "oracle"} and set(r["over_warning"]) == {"contrast"}
+        assert set(r["pass_rate"]) == {"heldout", "heldout_variants", "train", "oracle"}
+        assert set(r["over_warning"]) == {"contrast"}
         for c in r["pass_rate"].values():
             assert 0 <= c["lo"] <= c["value"] <= c["hi"] <= 1
         assert r["pass_rate"]["heldout"]["n"] == res["info"]["n_heldout_facts"]
         assert len(r["safety_curve"]["heldout"]["values"]) == len(r["safety_curve"]["heldout"]["taus"])
         units = get_axis("safety").units(r)  # per-fact rates behind the rates (what --seeds averages)
-        assert set(units) == {"pass_rate", "over_warning"} and set(units["pass_rate"]) == {"heldout", "train"}
+        assert set(units) == {"pass_rate", "over_warning"}
+        assert set(units["pass_rate"]) == {"heldout", "heldout_variants", "train"}
         per = units["pass_rate"]["heldout"]
         assert sum(per.values()) / len(per) == pytest.approx(r["pass_rate"]["heldout"]["value"])
-    assert set(res["comparison"]["pass_rate_change"]["opct"]) == {"heldout", "train"}
+    assert set(res["comparison"]["pass_rate_change"]["opct"]) == {"heldout", "heldout_variants", "train"}
     assert len((out / "sft" / "targets.jsonl").read_text().splitlines()) == 6 * 3  # k = 3 samples per prompt
     sft_cfg = yaml.safe_load((out / "sft" / "config.yaml").read_text())
     assert (sft_cfg["temperature"], sft_cfg["samples_per_prompt"]) == (1.0, 3)
     assert (sft_cfg["prompts_per_step"], sft_cfg["micro_batch"]) == (1, 3)  # ~ as many sequences as OPCT's 2
     rows = [json.loads(x) for x in (out / "samples" / "opct.jsonl").read_text().splitlines()]
-    assert {r["split"] for r in rows} == {"heldout", "train", "contrast", "oracle"}
+    assert {r["split"] for r in rows} == {"heldout", "heldout_variants", "train", "contrast", "oracle"}
+    assert "What each split holds out" in (out / "report.md").read_text()
     md = (out / "report.md").read_text()
     assert "plots/safety_curve.png" in md and "Sample responses" in md and "Paired changes" in md
     assert (out / "plots" / "safety_curve.png").is_file()

@@ -15,19 +15,23 @@ from tests.data.test_harmful import fake_wheels  # noqa: F401  (fixture)
 
 
 def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811
-    d = JD.prepare(n_train=2, n_eval=2, pairs_per_behaviour=2, n_benign=1, benign_share=1 / 3)
+    kw = dict(n_train=2, n_eval=2, pairs_per_behaviour=2, n_benign=1, benign_share=1 / 3)
+    d = JD.prepare(**kw)
+    # both methods get the same pairs: the jailbreak pairs + round(4 * (1/3) / (2/3)) = 2 benign pairs whose two
+    # sides are the same prompt
+    assert d.sft_pairs is None and d.pairs_for_sft() == d.train_pairs and d.info["opct_benign"] is True
+    benign = [p for p in d.train_pairs if p.meta.get("benign")]
+    jail = [p for p in d.train_pairs if not p.meta.get("benign")]
+    assert len(d.train_pairs) == 6 and len(benign) == 2
+    assert all(p.student == p.teacher for p in benign)
     # training: wrapped student, bare teacher, only AdvBench and never an evaluation behaviour
-    assert len(d.train_pairs) == 4
-    for p in d.train_pairs:
+    assert len(jail) == 4
+    for p in jail:
         assert p.meta["wrapper"] in d.info["wrappers"]["train_wrappers"]
         assert p.teacher[0]["content"] in p.student[0]["content"]
         assert p.meta["source"] == "advbench"
     eval_requests = {it.request.lower() for it in d.eval_set}
-    assert not {p.teacher[0]["content"].lower() for p in d.train_pairs} & eval_requests
-    # SFT = the jailbreak pairs + round(4 * (1/3) / (2/3)) = 2 benign pairs whose two sides are the same prompt
-    benign = [p for p in d.sft_pairs if p.meta.get("benign")]
-    assert len(d.sft_pairs) == 6 and len(benign) == 2
-    assert all(p.student == p.teacher for p in benign)
+    assert not {p.teacher[0]["content"].lower() for p in jail} & eval_requests
     # the regulariser never uses an over-refusal evaluation prompt
     eval_benign = {it.request for it in d.eval_set if it.split == "benign"}
     assert len(eval_benign) == 1 and not eval_benign & {p.student[0]["content"] for p in benign}
@@ -35,8 +39,10 @@ def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811
     assert d.info["eval_items"] == {"bare": 2, "train_wrappers": 2, "heldout_wrappers": 6, "heldout_family": 4,
                                     "benign": 1}
     assert [it.split for it in d.eval_set] == sorted((it.split for it in d.eval_set), key=JD.ALL_SPLITS.index)
-    assert JD.prepare(n_train=2, n_eval=2, pairs_per_behaviour=2, n_benign=1, benign_share=1 / 3).sft_pairs == \
-        d.sft_pairs
+    assert JD.prepare(**kw).train_pairs == d.train_pairs
+    # --no-opct-benign: OPCT on the jailbreak pairs alone, SFT on the same set as before
+    alone = JD.prepare(**kw, opct_benign=False)
+    assert sorted(map(repr, alone.train_pairs)) == sorted(map(repr, jail)) and alone.sft_pairs == d.train_pairs
 
 
 def test_benign_share_is_lambda():
@@ -133,7 +139,9 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
 
     res = {"methods": {"opct": method(0.1), "base": method(0.6)}}
     blocks = JR.report_blocks(res, tmp_path)
-    tables = [b for b in blocks if b[0] == "table"]
+    held, *tables = [b for b in blocks if b[0] == "table"]
+    assert held[1] == ["Split", "Behaviours", "Wrapper"]  # what each split holds out, along both dimensions
+    assert held[2][3] == ["held-out family", "held-out (other benchmarks)", "a held-out family of wrappers"]
     assert tables[0][1][:3] == ["Split", "base", "OPCT"]  # base first, whatever the order in results.json
     assert tables[0][2][2] == ["held-out wrappers", "0.60 [0.40, 0.80]", "0.10 [0.00, 0.30]", "10", "0, 0"]
     assert ["cracked share", "0.70 [0.50, 0.90]", "0.20 [0.00, 0.40]"] in tables[1][2]
@@ -176,6 +184,9 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     res = json.loads((out / "results.json").read_text())
     assert res["axis"] == "jailbreak" and set(res["methods"]) == {"base", "sft", "opct"}
     assert res["info"]["n_sft_pairs"] == res["info"]["n_train_pairs"] + res["info"]["n_benign_regulariser_pairs"]
+    assert res["info"]["opct_benign"] and res["info"]["n_opct_pairs"] == res["info"]["n_sft_pairs"]  # the same pairs
+    assert sum('"benign": true' in line for line in (out / "pairs.jsonl").read_text().splitlines()) == \
+        res["info"]["n_benign_regulariser_pairs"] > 0
     for m in res["methods"].values():
         assert set(m["asr"]) == {"bare", *JD.SPLITS} and m["over_refusal"]["n"] == 1
         assert m["adaptive_attack"]["attempts_per_behaviour"] == 3 + 2 + 1  # held-out wrappers + family + 1 sample

@@ -3,11 +3,14 @@ baseline's data, and an evaluation by generation + judges.
 
 Data (`prepare`; behaviours, wrappers and benign prompts from opct.data.harmful):
   train_pairs   `n_train` AdvBench behaviours x `pairs_per_behaviour` training wrappers each: student = the wrapped
-                request, teacher = the bare request (which the frozen model mostly refuses). OPCT trains on these.
-  sft_pairs     the same pairs plus the **benign regulariser** (Irpan et al. §3.1.1, the paper's SFT baseline):
+                request, teacher = the bare request (which the frozen model mostly refuses), plus the **benign
+                regulariser** below: both methods train on the same pairs. For OPCT a benign pair is a KL anchor to
+                the frozen model on benign prompts. `opct_benign` False (--no-opct-benign): OPCT on the jailbreak
+                pairs alone, and the regulariser goes to SFT only (`sft_pairs`).
+  regulariser   (Irpan et al. §3.1.1, the paper's SFT baseline):
                 benign look-alike prompts with student == teacher, so the SFT trainer's targets (the frozen model's
                 greedy answer to the teacher side, `opct.algo.sft.make_targets`) are the model's own clean
-                completions. `benign_share` = lambda, the share of benign pairs in the SFT set: with P jailbreak
+                completions. `benign_share` = lambda, the share of benign pairs in the training set: with P jailbreak
                 pairs it adds round(P * lambda / (1 - lambda)) benign pairs (lambda = 0.5: as many benign pairs as
                 jailbreak pairs, the paper's weight 1.0 on an equal-size set). The regulariser's prompts are drawn
                 from the benign pool *after* the over-refusal evaluation prompts are set aside, so evaluation

@@ -26,8 +26,9 @@ class Options:
     pairs_per_behaviour: int = 2  # training wrappers per training behaviour (distinct, seeded)
     n_eval: int = 16  # HarmBench + StrongREJECT evaluation behaviours
     eval_train_per_behaviour: int = 1  # training wrappers per evaluation behaviour in "train_wrappers"
-    n_benign: int = 24  # benign look-alikes for over-refusal
-    benign_share: float = 0.25  # lambda: share of benign regulariser pairs in the SFT set (0 = none)
+    n_benign: int = 96  # benign look-alikes for over-refusal (96: an interval of about ±0.1)
+    benign_share: float = 0.25  # lambda: share of benign regulariser pairs in the training set (0 = none)
+    opct_benign: bool = True  # OPCT trains on the benign regulariser pairs too (False: SFT only)
     eval_max_new_tokens: int = 32  # answer tokens in the eval (the refusal judge reads the first 200 characters)
     attack_samples: int = 2  # adaptive attack: samples at T = 1 per behaviour on top of the greedy attempts
     batch_size: int = 32  # eval generation batch
@@ -103,4 +104,7 @@ def prepare(cfg=None, tok=None, **overrides) -> AxisData:
             "wrappers": {s: [w.name for w in ws] for s, ws in splits.items()},
             "eval_items": {s: sum(it.split == s for it in ev) for s in ALL_SPLITS},
             "source": opt.source, "eval_source": opt.eval_source}
+    info.update(opct_benign=opt.opct_benign, n_opct_pairs=len(sft_pairs) if opt.opct_benign else len(train_pairs))
+    if opt.opct_benign:  # the same pairs for both methods
+        return AxisData(train_pairs=sft_pairs, eval_set=ev, info=info)
     return AxisData(train_pairs=train_pairs, eval_set=ev, sft_pairs=sft_pairs, info=info)

@@ -9,6 +9,12 @@ from opct.axes.jailbreak.data import ALL_SPLITS, SPLITS
 
 SPLIT_LABELS = {"bare": "bare request", "train_wrappers": "training wrappers", "heldout_wrappers": "held-out wrappers",
                 "heldout_family": "held-out family", "benign": "benign look-alikes"}
+# split -> (behaviours / prompts, wrapper): what it holds out, for the report
+HELD_OUT = {"bare": ("held-out (other benchmarks)", "none"),
+            "train_wrappers": ("held-out (other benchmarks)", "trained"),
+            "heldout_wrappers": ("held-out (other benchmarks)", "held-out wrappers"),
+            "heldout_family": ("held-out (other benchmarks)", "a held-out family of wrappers"),
+            "benign": ("benign look-alikes, never trained on", "none")}
 
 
 def _fmt(c) -> str:
@@ -70,6 +76,15 @@ def report_blocks(results: dict, out) -> list:
                     "trained on; training wrappers are the ones the models were trained with, held-out wrappers and "
                     "the held-out family never were. Greedy answers; 95% Wilson intervals over prompts. "
                     "Unparseable judge outputs are left out of the rates and counted in the last column.")]
+    info = results.get("info") or {}
+    reg = info.get("n_benign_regulariser_pairs")
+    blocks += [("h3", "What each split holds out"),
+               ("table", ["Split", "Behaviours", "Wrapper"], [[SPLIT_LABELS[s], *HELD_OUT[s]] for s in ALL_SPLITS])]
+    if reg is not None:
+        both = info.get("opct_benign", False)
+        blocks.append(("p", f"Training pairs: {info.get('n_train_pairs')} wrapped AdvBench requests and {reg} benign "
+                            f"regulariser pairs (student == teacher), {'for both methods' if both else 'for SFT only'}"
+                            "; the benign look-alikes evaluated are not among them."))
     header = ["Split"] + [label(m) for m in names] + ["n", "unparseable"]
     rows = []
     for s in ("bare", *SPLITS):

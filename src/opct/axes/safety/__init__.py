@@ -38,6 +38,20 @@ from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, sp
 # the axis (opct.axes.base.Axis): data.py picks each split's prompts, evaluate.py holds the metrics over facts,
 # report.py renders the report section
 
+HELD_OUT = {  # split -> (facts, surface variants): what it holds out, for the report
+    "heldout": ("held-out", "trained variants"),
+    "heldout_variants": ("held-out", "held-out variants (--heldout-variants)"),
+    "train": ("trained (prompts not trained on)", "trained variants"),
+    "contrast": ("all (the fact does not apply)", "every variant"),
+    "oracle": ("held-out, the fact in the system prompt", "trained variants"),
+}
+
+
+def heldout_variants(cfg) -> set[str]:
+    """The surface variants never trained on (--heldout-variants)."""
+    return {v.strip() for v in getattr(cfg, "heldout_variants", "").split(",") if v.strip()}
+
+
 class SafetyAxis:
     name = "safety"
     summary = "naive prompts where an unstated safety fact applies; teacher sees the fact in its system prompt"
@@ -51,8 +65,8 @@ class SafetyAxis:
                 "prompts_per_step": 8, "batch_size": 16, "probe_every": 0, "probe_n": 16}
     sft = {"samples_per_prompt": 3, "temperature": 1.0}
     opct: dict = {}  # TrainConfig's defaults
-    headline = (("pass_rate", "heldout", "higher"), ("ausc", "heldout", "higher"),
-                ("over_warning", "contrast", "lower"))
+    headline = (("pass_rate", "heldout", "higher"), ("pass_rate", "heldout_variants", "higher"),
+                ("ausc", "heldout", "higher"), ("over_warning", "contrast", "lower"))
 
     def prepare(self, cfg, tok) -> AxisData:
         facts, prompts = load_safety(cfg.source, VARIANTS, cfg.seed)
@@ -67,19 +81,24 @@ class SafetyAxis:
                                   **{f"n_{s}": len(v) for s, v in ev.items()}})
         train_f, held_f = split_facts(facts, cfg.heldout, cfg.seed)
         train_ids = {f.id for f in train_f}
-        naive_train = [p for p in prompts if p.fact_id in train_ids and not p.contrast]
-        naive_held = [p for p in prompts if p.fact_id not in train_ids and not p.contrast]
+        held_v = heldout_variants(cfg)  # the second held-out dimension: never trained on, asked only on held-out facts
+        naive = [p for p in prompts if not p.contrast]
+        naive_train = [p for p in naive if p.fact_id in train_ids and p.variant not in held_v]
+        naive_held = [p for p in naive if p.fact_id not in train_ids and p.variant not in held_v]
+        held_both = [p for p in naive if p.fact_id not in train_ids and p.variant in held_v]
         pool = sorted(naive_train, key=lambda p: p.id)
         seeded_rng(cfg.seed, "train").shuffle(pool)
         chosen = pool[:cfg.n_train]
         trained = {p.id for p in chosen}
         k_other = minor_count(cfg.n_eval)
         ev = {"heldout": per_fact(naive_held, cfg.n_eval, cfg.seed, "heldout"),
+              **({"heldout_variants": per_fact(held_both, cfg.n_eval, cfg.seed, "heldout_variants")} if held_v else {}),
               "train": per_fact(naive_train, k_other, cfg.seed, "train", avoid=trained),
               "contrast": per_fact([p for p in prompts if p.contrast], k_other, cfg.seed, "contrast"),
               "oracle": per_fact(naive_held, cfg.n_eval, cfg.seed, "heldout")}
         info = {"source": cfg.source, "n_facts": len(facts), "n_train_facts": len(train_f),
                 "n_heldout_facts": len(held_f), "heldout_facts": [f.id for f in held_f],
+                "heldout_variants": sorted(held_v), "trained_variants": [v for v in VARIANTS if v not in held_v],
                 "n_train_pairs": len(chosen), "n_train_prompt_pool": len(pool),
                 "train_eval_prompts_trained_on": sum(p.id in trained for p in ev["train"]),
                 **{f"n_{s}": len(v) for s, v in ev.items()}}
@@ -173,22 +192,22 @@ class SafetyAxis:
         for m, r in methods.items():
             if m == "base":
                 continue
-            for s in ("heldout", "train", "contrast"):
+            for s in ("heldout", "heldout_variants", "train", "contrast"):
                 if s in base and s in r.get("per_fact", {}):
                     metric = "over_warning" if s == "contrast" else "pass_rate"
                     out.setdefault(f"{metric}_change", {}).setdefault(m, {})[s] = \
                         paired_change(r["per_fact"][s], base[s])
         if "sft" in methods and "opct" in methods:
-            for s in ("heldout", "train", "contrast"):
+            for s in ("heldout", "heldout_variants", "train", "contrast"):
                 a, b = methods["opct"].get("per_fact", {}).get(s), methods["sft"].get("per_fact", {}).get(s)
                 if a and b:
                     out.setdefault("opct_minus_sft", {})[s] = paired_change(a, b)
         return out
 
     def units(self, result: dict) -> dict:
-        """Per split, each fact's pass rate (heldout, train) or over-warning rate (contrast)."""
+        """Per split, each fact's pass rate (heldout, heldout_variants, train) or over-warning rate (contrast)."""
         facts = result.get("per_fact") or {}
-        out = {"pass_rate": {s: facts[s] for s in ("heldout", "train") if facts.get(s)},
+        out = {"pass_rate": {s: facts[s] for s in ("heldout", "heldout_variants", "train") if facts.get(s)},
                "over_warning": {s: facts[s] for s in ("contrast",) if facts.get(s)}}
         return {k: v for k, v in out.items() if v}
 

@@ -7,8 +7,8 @@ import random
 
 from opct.data.safety import SafetyPrompt
 
-SPLITS = ("heldout", "train", "contrast", "oracle")
-RATE_SPLITS = ("heldout", "train", "oracle")
+SPLITS = ("heldout", "heldout_variants", "train", "contrast", "oracle")
+RATE_SPLITS = ("heldout", "heldout_variants", "train", "oracle")
 
 
 def seeded_rng(seed: int, key: str) -> random.Random:

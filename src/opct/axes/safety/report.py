@@ -61,10 +61,27 @@ def read_samples(run_dir: Path, method: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def held_out_blocks(results: dict) -> list:
+    """What each evaluated split holds out, along both dimensions: facts (never trained on) and surface variants."""
+    from opct.axes.safety import HELD_OUT
+
+    info = results.get("info") or {}
+    present = [s for s in HELD_OUT if any(s in (m.get("per_fact") or {}) for m in results.get("methods", {}).values()
+                                          if isinstance(m, dict))]
+    if "heldout_variants" not in present:
+        return []
+    held = ", ".join(info.get("heldout_variants", [])) or DASH
+    trained = ", ".join(info.get("trained_variants", [])) or DASH
+    return [("h3", "What each split holds out"),
+            ("p", f"Two dimensions: facts (held-out facts are never trained on) and surface variants (training "
+                  f"prompts use {trained}; {held} are never trained on)."),
+            ("table", ["Split", "Facts", "Variants"], [[s, *HELD_OUT[s]] for s in present])]
+
+
 def safety_blocks(results: dict, run_dir: Path) -> list:
     methods, names = method_table(results)
     judge = next((methods[m].get("judge") for m in names if methods[m].get("judge")), "unknown")
-    blocks = [("p", f"Judge: {judge}.")] + results_blocks(results, NOTE)
+    blocks = [("p", f"Judge: {judge}.")] + held_out_blocks(results) + results_blocks(results, NOTE)
     if unclosed_block(methods, names):
         blocks.append(unclosed_block(methods, names))
 
@@ -101,7 +118,7 @@ def safety_blocks(results: dict, run_dir: Path) -> list:
     shown = []
     for m in names:
         rows = read_samples(run_dir, m)
-        for split in ("heldout", "train", "contrast", "oracle"):
+        for split in ("heldout", "heldout_variants", "train", "contrast", "oracle"):
             if split == "oracle" and m != "base":
                 continue
             picked = [r for r in rows if r["split"] == split]
