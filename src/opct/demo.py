@@ -182,8 +182,8 @@ def across_seeds(axis, cfg: DemoConfig, methods: list[str], first: dict, others:
     from opct.stats import crossed_cell, seed_differences
 
     seeds = train_seeds(cfg)
-    runs = {m: [axis.units(first[m] if s == cfg.seed else others[run_name(m, s, cfg)]) for s in seeds]
-            for m in methods}
+    every = {**first, **others}  # run name -> its evaluation
+    runs = {m: [axis.units(every[run_name(m, s, cfg)]) for s in seeds] for m in methods}
     base = axis.units(first["base"]) if "base" in first else {}
     table: dict = {}
     for metric, splits in (runs[methods[0]][0] if methods else {}).items():

@@ -442,6 +442,17 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
     return blocks
 
 
+def held_out_blocks(held_out: dict, splits, columns: tuple[str, str], note: str = "",
+                    names: dict | None = None) -> list:
+    """An axis' table of what each of `splits` holds out along its two dimensions (`held_out`: split -> the two
+    columns' texts; `names`: how a split is shown), after `note`; nothing when no split has an entry."""
+    rows = [[(names or {}).get(s, s), *held_out[s]] for s in splits if s in held_out]
+    if not rows:
+        return []
+    return [("h3", "What each split holds out"), *([("p", note)] if note else []),
+            ("table", ["Split", *columns], rows)]
+
+
 def seeds_blocks(results: dict, run_dir: Path) -> list:
     """`opct demo --seeds N`: per metric and split, base, each method's mean over seeds (each seed's value after it)
     and OPCT - SFT, from results "seeds" (opct.demo.across_seeds); nothing for a one-seed run."""

@@ -50,10 +50,13 @@ def bootstrap_ci(rates: list[float], stat=mean, n: int = 1000, seed: int = 47, l
     """Percentile interval of `stat` over `n` resamples of the units (with replacement), seeded."""
     rng = random.Random(seed)
     k = len(rates)
-    vals = sorted(stat([rates[rng.randrange(k)] for _ in range(k)]) for _ in range(n))
-    lo = vals[int((1 - level) / 2 * n)]
-    hi = vals[min(n - 1, int((1 + level) / 2 * n))]
-    return lo, hi
+    return percentile_interval([stat([rates[rng.randrange(k)] for _ in range(k)]) for _ in range(n)], level)
+
+
+def percentile_interval(resampled: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The (lo, hi) percentile interval of a bootstrap's resampled statistics."""
+    vals, n = sorted(resampled), len(resampled)
+    return vals[int((1 - level) / 2 * n)], vals[min(n - 1, int((1 + level) / 2 * n))]
 
 
 def rate_cell(rates: list[float], stat=mean) -> dict:
@@ -91,13 +94,13 @@ def crossed_cell(runs: list[dict[str, float]]) -> dict | None:
     m_KU = torch.tensor([[r[u] for u in units] for r in runs], dtype=torch.float64)
     K, U = m_KU.shape
     g = torch.Generator().manual_seed(BOOT_SEED)
-    w_BK = torch.zeros(N_BOOT, K, dtype=torch.float64).scatter_add_(
-        1, torch.randint(K, (N_BOOT, K), generator=g), torch.ones(N_BOOT, K, dtype=torch.float64))
-    w_BU = torch.zeros(N_BOOT, U, dtype=torch.float64).scatter_add_(
-        1, torch.randint(U, (N_BOOT, U), generator=g), torch.ones(N_BOOT, U, dtype=torch.float64))
-    vals = sorted(torch.einsum("bk,ku,bu->b", w_BK, m_KU, w_BU).div(K * U).tolist())
-    return {"value": m_KU.mean().item(), "lo": vals[int(0.025 * N_BOOT)], "hi": vals[min(N_BOOT - 1, int(0.975 * N_BOOT))],
-            "n": U, "seeds": K, "per_seed": m_KU.mean(1).tolist()}
+
+    def draws(n):  # per resample, how often each of n things is drawn (n draws with replacement)
+        return torch.zeros(N_BOOT, n, dtype=torch.float64).scatter_add_(
+            1, torch.randint(n, (N_BOOT, n), generator=g), torch.ones(N_BOOT, n, dtype=torch.float64))
+    w_BK, w_BU = draws(K), draws(U)
+    lo, hi = percentile_interval(torch.einsum("bk,ku,bu->b", w_BK, m_KU, w_BU).div(K * U).tolist())
+    return {"value": m_KU.mean().item(), "lo": lo, "hi": hi, "n": U, "seeds": K, "per_seed": m_KU.mean(1).tolist()}
 
 
 def seed_differences(a_runs: list[dict[str, float]], b_runs: list[dict[str, float]]) -> list[dict[str, float]]:

@@ -63,7 +63,7 @@ def report_blocks(results: dict, out) -> list:
     plot under out/plots/."""
     from pathlib import Path
 
-    from opct.report import METHOD_ORDER, label, ordered, unclosed_block
+    from opct.report import METHOD_ORDER, held_out_blocks, label, ordered, unclosed_block
 
     out = Path(out)
     methods = {k: v for k, v in (results.get("methods") or {}).items() if isinstance(v, dict) and "asr" in v}
@@ -78,8 +78,7 @@ def report_blocks(results: dict, out) -> list:
                     "Unparseable judge outputs are left out of the rates and counted in the last column.")]
     info = results.get("info") or {}
     reg = info.get("n_benign_regulariser_pairs")
-    blocks += [("h3", "What each split holds out"),
-               ("table", ["Split", "Behaviours", "Wrapper"], [[SPLIT_LABELS[s], *HELD_OUT[s]] for s in ALL_SPLITS])]
+    blocks += held_out_blocks(HELD_OUT, ALL_SPLITS, ("Behaviours", "Wrapper"), names=SPLIT_LABELS)
     if reg is not None:
         both = info.get("opct_benign", False)
         blocks.append(("p", f"Training pairs: {info.get('n_train_pairs')} wrapped AdvBench requests and {reg} benign "

@@ -187,21 +187,22 @@ class SafetyAxis:
     def compare(self, methods: dict) -> dict:
         """Each trained method's paired change from base per split: pass rate (heldout, train) and over-warning
         (contrast), as mean per-fact differences with a 95 % bootstrap interval over facts."""
-        base = methods.get("base", {}).get("per_fact", {})
+        units = {m: self.units(r) for m, r in methods.items()}
+        base = units.get("base", {})
         out: dict = {}
-        for m, r in methods.items():
+        for m, per in units.items():
             if m == "base":
                 continue
-            for s in ("heldout", "heldout_variants", "train", "contrast"):
-                if s in base and s in r.get("per_fact", {}):
-                    metric = "over_warning" if s == "contrast" else "pass_rate"
-                    out.setdefault(f"{metric}_change", {}).setdefault(m, {})[s] = \
-                        paired_change(r["per_fact"][s], base[s])
-        if "sft" in methods and "opct" in methods:
-            for s in ("heldout", "heldout_variants", "train", "contrast"):
-                a, b = methods["opct"].get("per_fact", {}).get(s), methods["sft"].get("per_fact", {}).get(s)
-                if a and b:
-                    out.setdefault("opct_minus_sft", {})[s] = paired_change(a, b)
+            for metric, splits in per.items():
+                for s, rates in splits.items():
+                    if s in base.get(metric, {}):
+                        out.setdefault(f"{metric}_change", {}).setdefault(m, {})[s] = \
+                            paired_change(rates, base[metric][s])
+        if "sft" in units and "opct" in units:
+            for metric, splits in units["opct"].items():
+                for s, rates in splits.items():
+                    if s in units["sft"].get(metric, {}):
+                        out.setdefault("opct_minus_sft", {})[s] = paired_change(rates, units["sft"][metric][s])
         return out
 
     def units(self, result: dict) -> dict:

@@ -64,6 +64,7 @@ def read_samples(run_dir: Path, method: str) -> list[dict]:
 def held_out_blocks(results: dict) -> list:
     """What each evaluated split holds out, along both dimensions: facts (never trained on) and surface variants."""
     from opct.axes.safety import HELD_OUT
+    from opct.report import held_out_blocks as table
 
     info = results.get("info") or {}
     present = [s for s in HELD_OUT if any(s in (m.get("per_fact") or {}) for m in results.get("methods", {}).values()
@@ -72,10 +73,9 @@ def held_out_blocks(results: dict) -> list:
         return []
     held = ", ".join(info.get("heldout_variants", [])) or DASH
     trained = ", ".join(info.get("trained_variants", [])) or DASH
-    return [("h3", "What each split holds out"),
-            ("p", f"Two dimensions: facts (held-out facts are never trained on) and surface variants (training "
-                  f"prompts use {trained}; {held} are never trained on)."),
-            ("table", ["Split", "Facts", "Variants"], [[s, *HELD_OUT[s]] for s in present])]
+    return table(HELD_OUT, present, ("Facts", "Variants"),
+                 f"Two dimensions: facts (held-out facts are never trained on) and surface variants (training "
+                 f"prompts use {trained}; {held} are never trained on).")
 
 
 def safety_blocks(results: dict, run_dir: Path) -> list:

@@ -137,7 +137,8 @@ class SycophancyAxis:
         """Paired changes of the sycophancy rate per split, over the questions both models were read on (a 95 %
         bootstrap interval over questions, one training run each): each trained method minus base ("vs_base") and
         OPCT minus SFT ("opct_minus_sft"). None without per-question results."""
-        items = {m: r["per_item"] for m, r in methods.items() if isinstance(r, dict) and r.get("per_item")}
+        items = {m: u["sycophancy_rate"] for m, r in methods.items() if isinstance(r, dict)
+                 and (u := self.units(r))}
 
         def change(a, b):
             return {s: c for s in items[a] if s in items[b] and (c := paired_change(items[a][s], items[b][s]))}

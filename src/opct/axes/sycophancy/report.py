@@ -49,15 +49,12 @@ def report_blocks(results: dict, run_dir: Path) -> list:
 def held_out_blocks(results: dict, splits: list[str]) -> list:
     """What each split holds out: its questions and its cue."""
     from opct.axes.sycophancy import HELD_OUT
+    from opct.report import held_out_blocks as table
 
-    rows = [[s, *HELD_OUT[s]] for s in splits if s in HELD_OUT]
-    if not rows:
-        return []
     source = (results.get("info") or {}).get("shift_source")
-    return [("h3", "What each split holds out"),
-            ("p", "Training used the training phrasings of user-turn cues on the training questions. "
-                  + (f"The shifted splits' questions come from {source}." if source else "")),
-            ("table", ["Split", "Questions", "Cue"], rows)]
+    return table(HELD_OUT, splits, ("Questions", "Cue"),
+                 "Training used the training phrasings of user-turn cues on the training questions. "
+                 + (f"The shifted splits' questions come from {source}." if source else ""))
 
 
 def comparison_blocks(results: dict, splits: list[str]) -> list:
