@@ -77,6 +77,40 @@ def test_demo_seeds_trains_each_method_per_seed_and_reports_them_across_seeds(ti
     assert {"train_opct-seed4", "eval_opct-seed4"} <= set(res["timings"])
 
 
+def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_compares_it_with_opct(tiny_model_dir,
+                                                                                                   tmp_path):
+    """--methods opct,opct-shuffled,opct-fixed,opct-clip --seeds 2: each control's run.json holds OPCT's config with
+    its one setting changed; results carry control - OPCT per split (paired within one run, and across seeds), the
+    report its section and each control's KL in the training plot panels."""
+    from opct.config import CONTROLS
+    from opct.report import read_metrics, training_panels
+
+    out = tmp_path / "demo"
+    methods = ["opct", *CONTROLS]
+    assert main(["demo", "--model", str(tiny_model_dir), "--out", str(out), "--n-train", "12", "--n-eval", "8",
+                 "--cued-n", "6", "--steps", "2", "--prompts-per-step", "3", "--max-new-tokens", "4", "--probe-every",
+                 "0", "--lora-rank", "4", "--capability", "", "--shift-n", "4", "--seeds", "2", "--methods",
+                 ",".join(methods), "--report-to", "none"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["methods"]) == {"base", *methods}
+    opct_cfg = json.loads((out / "opct" / "run.json").read_text())["config"]
+    for c, changed in CONTROLS.items():
+        cfg = json.loads((out / c / "run.json").read_text())["config"]
+        assert {k: v for k, v in cfg.items() if opct_cfg.get(k) != v and k != "out"} == changed
+        d = res["comparison"]["control_minus_opct"][c]["sycophancy_rate"]["shifted_pushback"]
+        a, b = (res["methods"][m]["per_item"]["shifted_pushback"] for m in (c, "opct"))
+        assert d["value"] == pytest.approx(sum(a[q] - b[q] for q in a) / len(a))
+        row = res["seeds"]["table"]["sycophancy_rate"]["heldout_cues"]
+        assert row[f"{c}_minus_opct"]["value"] == pytest.approx(row[c]["value"] - row["opct"]["value"])
+        assert len(read_metrics(out / c / "metrics.jsonl")) == 2
+    report = (out / "report.md").read_text()
+    assert "## Controls against OPCT" in report and "OPCT, shuffled context − OPCT" in report
+    logs = {m: read_metrics(out / m / "metrics.jsonl") for m in methods}
+    titles = [t for t, *_ in training_panels(logs["opct"], [], {c: logs[c] for c in CONTROLS})]
+    assert "KL vs step: OPCT and its controls" in titles and "OPCT: KL per token by position" in titles
+    assert main(["demo", "--model", str(tiny_model_dir), "--out", str(tmp_path / "x"), "--methods", "opct,sft-x"]) == 2
+
+
 def test_axis_names():
     import pytest
 

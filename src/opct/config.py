@@ -289,6 +289,24 @@ class TrainConfig(RunConfig):
     sampler_is_cap: float = opt(2.0, "with a vLLM sampler: truncated importance sampling between sampler and trainer; "
                                 "each token's loss term is weighted by min(p_trainer / p_sampler, cap), logged as "
                                 "is_weight_mean, is_ratio_max, is_truncated; 0 = off (TRL's default cap is 2)")
+    # attribution controls (docs/controls.md): each asks where OPCT's update comes from; the defaults are OPCT itself
+    teacher_context: str = opt("clean", "what the frozen teacher reads before the student's tokens: clean = each pair's "
+                               "own teacher prompt (OPCT); shuffled = the teacher prompt of another pair of the same "
+                               "data (a control: the teacher's style without this example's context)",
+                               choices=["clean", "shuffled"])
+    fixed_advantage: float = opt(0.0, "a control: every sampled token's advantage is this constant instead of the "
+                                 "teacher's KL (e.g. -1: lower whatever the student samples); the teacher still "
+                                 "scores the tokens for the logged kl only; 0 = off (loss=sampled)")
+    kl_clip: float = opt(0.0, "cap on one token's KL term: |log p_s - log p_t| (loss=sampled) or its exact KL at "
+                         "most this; the logged kl is unclipped, kl_clipped the share of tokens capped; 0 = off")
+
+
+# `opct demo --methods` names of the attribution controls (docs/controls.md): OPCT with one setting changed
+CONTROLS = {
+    "opct-shuffled": {"teacher_context": "shuffled"},  # the teacher reads another example's clean prompt
+    "opct-fixed": {"fixed_advantage": -1.0},  # no teacher in the update: a constant negative advantage
+    "opct-clip": {"kl_clip": 1.0},  # each token's KL term capped at 1 nat
+}
 
 
 @dataclass
@@ -408,7 +426,9 @@ class DemoConfig(AxisOptions):
     lora_rank: int = opt(32, "LoRA rank (both methods)")
     probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)")
     probe_n: int = opt(32, "items in the probe")
-    methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated)")
+    methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated): sft, opct, and the "
+                       "attribution controls opct-shuffled, opct-fixed, opct-clip (OPCT with one setting changed; "
+                       "docs/controls.md), each compared with OPCT")
     seeds: int = opt(1, "train and evaluate each method this many times, with training seeds --seed, --seed+1, ... "
                      "(sampling, data order, LoRA init; the pairs and evaluation items stay those of --seed): the report "
                      "gives each seed's value, the mean and OPCT - SFT with an interval over items and seeds. "
@@ -439,7 +459,7 @@ def validate(cfg):
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))
     for name in ("heldout", "benign_share", "temperature", "top_p", "lr", "lora_alpha", "lora_dropout", "weight_decay", "grad_clip", "kl_coef",
-                 "kl_discount", "sampler_is_cap"):
+                 "kl_discount", "sampler_is_cap", "fixed_advantage", "kl_clip"):
         if hasattr(cfg, name):
             _check(math.isfinite(getattr(cfg, name)), name, "must be a finite number", getattr(cfg, name))
     checks = [("temperature", lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
@@ -454,12 +474,18 @@ def validate(cfg):
               ("kl_coef", lambda v: v > 0, "must be > 0"),
               ("kl_discount", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
               ("sampler_is_cap", lambda v: v == 0 or v >= 1, "must be 0 (off) or >= 1"),
+              ("kl_clip", lambda v: v >= 0, "must be >= 0 (0 = off)"),
               ("vllm_gpu_memory", lambda v: 0 < v <= 1, "must be in (0, 1]"),
               # vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): "1.5" (or "1.0") stops its engine
               ("vllm_kv_cache_gib", lambda v: v >= 1 and float(v).is_integer(), "must be a whole number of GiB >= 1")]
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
+    if getattr(cfg, "fixed_advantage", 0.0):
+        _check(cfg.loss == "sampled", "fixed_advantage", "is a control of the sampled loss: it needs --loss sampled "
+               f"(--loss is {cfg.loss})", cfg.fixed_advantage)
+        _check(cfg.teacher_context == "clean", "fixed_advantage", "leaves the teacher out of the update, so it does "
+               "not combine with --teacher-context shuffled", cfg.fixed_advantage)
     if getattr(cfg, "sampler", "policy") in ("vllm", "vllm-server"):  # 512: vLLM's largest max_lora_rank
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
     if getattr(cfg, "heldout_variants", ""):

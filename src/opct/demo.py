@@ -38,8 +38,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from opct import threads
-from opct.config import (DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings, exec_settings, resumable_fields,
-                         to_yaml)
+from opct.config import (CONTROLS, DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings,
+                         exec_settings, resumable_fields, to_yaml)
 from opct.data.io import atomic_write, write_json
 
 
@@ -195,9 +195,27 @@ def across_seeds(axis, cfg: DemoConfig, methods: list[str], first: dict, others:
                 row["base"] = crossed_cell([base[metric][split]])
             if {"sft", "opct"} <= set(methods):
                 row["opct_minus_sft"] = crossed_cell(seed_differences(per_seed("opct"), per_seed("sft")))
+            for c in (m for m in methods if m in CONTROLS and "opct" in methods):
+                row[f"{c}_minus_opct"] = crossed_cell(seed_differences(per_seed(c), per_seed("opct")))
             table.setdefault(metric, {})[split] = {k: v for k, v in row.items() if v is not None}
     return {"train_seeds": seeds, "runs": {m: [run_name(m, s, cfg) for s in seeds] for m in methods},
             "table": table}
+
+
+def controls_vs_opct(axis, methods: dict) -> dict:
+    """Each control's paired change from OPCT (`Axis.units`, unit by unit: a bootstrap interval over units) per
+    metric and split: {control: {metric: {split: cell}}}; empty without OPCT or a control."""
+    from opct.stats import paired_change
+
+    units = {m: axis.units(r) for m, r in methods.items() if (m == "opct" or m in CONTROLS) and isinstance(r, dict)}
+    if "opct" not in units:
+        return {}
+    out = {}
+    for c in (m for m in units if m in CONTROLS):
+        out[c] = {metric: {s: d for s, v in splits.items() if s in units["opct"].get(metric, {})
+                           and (d := paired_change(v, units["opct"][metric][s]))}
+                  for metric, splits in units[c].items()}
+    return out
 
 
 def preflight(cfg: DemoConfig):
@@ -208,8 +226,9 @@ def preflight(cfg: DemoConfig):
 
     axis = get_axis(cfg.axis)
     methods = [m.strip() for m in cfg.methods.split(",") if m.strip()]
-    if set(methods) - {"sft", "opct"}:
-        raise RunError(f"--methods takes sft and/or opct, got {cfg.methods!r}")
+    known = ["sft", "opct", *CONTROLS]
+    if set(methods) - set(known) or len(set(methods)) < len(methods):
+        raise RunError(f"--methods takes some of {', '.join(known)} (each once), got {cfg.methods!r}")
     axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
     if cfg.capability:  # an unknown task would otherwise stop the demo after all its training
         from opct.evals.capability import check_tasks, resolve_suite
@@ -375,7 +394,8 @@ def run_demo(cfg: DemoConfig) -> Path:
                     trained(name, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
                             probe_every=cfg.probe_every)
                 else:
-                    opct_cfg = dataclasses.replace(TrainConfig(out=str(out / name), **run_common), **axis.opct)
+                    opct_cfg = dataclasses.replace(TrainConfig(out=str(out / name), **run_common), **axis.opct,
+                                                   **CONTROLS.get(m, {}))  # a control: OPCT with one setting changed
                     trained(name, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
                 bar.update()
                 bar.set_postfix_str(f"evaluating {name}")
@@ -383,6 +403,8 @@ def run_demo(cfg: DemoConfig) -> Path:
                 (results["methods"] if name == m else seed_runs)[name] = got
                 bar.update()
         comparison = axis.compare(results["methods"])
+        if controls_vs_opct(axis, results["methods"]):
+            comparison = {**(comparison or {}), "control_minus_opct": controls_vs_opct(axis, results["methods"])}
         if comparison is not None:
             results["comparison"] = comparison
         if cfg.seeds > 1:

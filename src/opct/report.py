@@ -21,13 +21,15 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from opct.config import CONTROLS
 from opct.data.io import atomic_write, read_jsonl, write_json
 
 # Display order; anything else found in results.json follows in the order it first appears.
-METHOD_ORDER = ("base", "sft", "opct")
+METHOD_ORDER = ("base", "sft", "opct", *CONTROLS)
 
 LABELS = {
-    "base": "base", "sft": "SFT", "opct": "OPCT",
+    "base": "base", "sft": "SFT", "opct": "OPCT", "opct-shuffled": "OPCT, shuffled context",
+    "opct-fixed": "fixed advantage", "opct-clip": "OPCT, KL clipped",
     "sycophancy_rate": "Sycophancy rate", "brr": "BRR", "consistency": "Consistency",
     "cued_accuracy": "Cued accuracy", "clean_accuracy": "Clean accuracy", "kl": "KL",
     "pass_rate": "Pass rate", "ausc": "AUSC", "share_at_100": "Share of facts at 100%",
@@ -39,7 +41,8 @@ DIRECTION = {"sycophancy_rate": "lower is better", "consistency": "higher is bet
              "cued_accuracy": "higher is better", "clean_accuracy": "higher is better",
              "pass_rate": "higher is better", "ausc": "higher is better", "share_at_100": "higher is better",
              "over_warning": "lower is better"}
-COLORS = {"base": "#8c8c8c", "sft": "#4c72b0", "opct": "#dd8452"}
+COLORS = {"base": "#8c8c8c", "sft": "#4c72b0", "opct": "#dd8452", "opct-shuffled": "#8172b3",
+          "opct-fixed": "#937860", "opct-clip": "#da8bc3"}
 PROBE_COLORS = {"probe_sycophancy": "#c44e52", "probe_accuracy": "#55a868"}
 OTHER_COLORS = ("#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
@@ -250,13 +253,24 @@ def plot_line(ax, xs, ys, name: str, color: str) -> None:
     ax.plot(xs, smooth, color=color, label=f"{name} (mean of {window} steps)", linewidth=1.5)
 
 
-def training_panels(opct_rows: list[dict], sft_rows: list[dict]) -> list[tuple]:
-    """[(title, [(kind, xs, ys, legend name, style), ...], last step), ...] for whatever the logs contain."""
+def training_panels(opct_rows: list[dict], sft_rows: list[dict], controls: dict | None = None) -> list[tuple]:
+    """[(title, [(kind, xs, ys, legend name, style), ...], last step), ...] for whatever the logs contain;
+    `controls`: each attribution control's rows (opct-shuffled, ...), whose KL is drawn beside OPCT's."""
     panels = []
     lines = [("line", *series(opct_rows, k), label(k), c) for k, c in (("kl", "#dd8452"), ("loss", "#c44e52"))]
     lines = [line for line in lines if line[2]]
     if lines:
         panels.append((f"OPCT: {' and '.join(line[3] for line in lines)} vs step", lines, None))
+    position = [("line", *series(opct_rows, k), name, c) for k, name, c in
+                (("kl_head", "first 8 tokens", "#c44e52"), ("kl_tail", "later tokens", "#4c72b0"))]
+    position = [line for line in position if line[2]]
+    if position:
+        panels.append(("OPCT: KL per token by position", position, None))
+    others = [("line", *series(rows, "kl"), label(m), COLORS.get(m, "#555555")) for m, rows in (controls or {}).items()]
+    others = [line for line in others if line[2]]
+    if others and lines:
+        panels.append(("KL vs step: OPCT and its controls",
+                       [("line", *series(opct_rows, "kl"), label("opct"), COLORS["opct"]), *others], None))
     xs, ys = series(sft_rows, "loss")
     if ys:
         panels.append(("SFT: loss vs step", [("line", xs, ys, "loss", "#4c72b0")], None))
@@ -388,6 +402,7 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
                        + "."))
 
     blocks += seeds_blocks(results, run_dir)
+    blocks += controls_blocks(results)
 
     cap = results.get("capability")
     if isinstance(cap, dict) and cap:
@@ -462,6 +477,7 @@ def seeds_blocks(results: dict, run_dir: Path) -> list:
     runs = seeds.get("runs") or {}
     names = [m for m in ordered(runs, METHOD_ORDER) if m != "base"]
     diff = all(m in names for m in ("sft", "opct"))
+    controls = [m for m in names if m in CONTROLS and "opct" in names]
 
     def per_seed(c):
         return DASH if c is None else " / ".join(f"{v:.2f}" for v in c.get("per_seed", []))
@@ -470,8 +486,10 @@ def seeds_blocks(results: dict, run_dir: Path) -> list:
         for split, row in splits.items():
             rows.append([label(metric), split, fmt_cell(row.get("base"))]
                         + [x for m in names for x in (fmt_cell(row.get(m)), per_seed(row.get(m)))]
-                        + ([fmt_cell(row.get("opct_minus_sft"))] if diff else []))
+                        + ([fmt_cell(row.get("opct_minus_sft"))] if diff else [])
+                        + [fmt_cell(row.get(f"{c}_minus_opct")) for c in controls])
     head = ["Metric", "Split", "base"] + [x for m in names for x in (f"{label(m)} (mean)", f"{label(m)} per seed")]
+    head += [f"{label(c)} − {label('opct')}" for c in controls]
     files = [f"samples/{r}.jsonl" for m in names for r in runs[m][1:] if (run_dir / "samples" / f"{r}.jsonl").is_file()]
     samples = f" The other seeds' answers: {', '.join(files)}." if files else ""
     return [("h2", f"Across {len(seeds.get('train_seeds', []))} training seeds"),
@@ -481,6 +499,26 @@ def seeds_blocks(results: dict, run_dir: Path) -> list:
                   "pairs the two methods item by item within each seed. Base is one model: its interval is over "
                   "items only. The other sections show the first seed's runs." + samples),
             ("table", head + (["OPCT − SFT"] if diff else []), rows)]
+
+
+def controls_blocks(results: dict) -> list:
+    """The attribution controls against OPCT (results "comparison" "control_minus_opct", opct.demo.controls_vs_opct):
+    per metric and split, each control's paired change from OPCT; nothing without a control."""
+    diffs = ((results.get("comparison") or {}).get("control_minus_opct") or {})
+    controls = [c for c in ordered(diffs, METHOD_ORDER) if isinstance(diffs[c], dict)]
+    keys = list(dict.fromkeys((metric, split) for c in controls for metric, splits in diffs[c].items()
+                              for split in splits))
+    if not keys:
+        return []
+    rows = [[label(metric), split] + [fmt_cell(diffs[c].get(metric, {}).get(split)) for c in controls]
+            for metric, split in keys]
+    return [("h2", "Controls against OPCT"),
+            ("p", "Each control is OPCT with one setting changed (docs/controls.md): shuffled context = the teacher "
+                  "reads another example's clean prompt; fixed advantage = a constant negative advantage, no "
+                  "teacher in the update; KL clipped = each token's KL term capped. Control − OPCT per item, on the "
+                  "same items, with a 95 % bootstrap interval over items (one training run each; --seeds adds the "
+                  "seeds). A control level with OPCT says that part of OPCT's update is not what carries its effect."),
+            ("table", ["Metric", "Split"] + [f"{label(c)} − {label('opct')}" for c in controls], rows)]
 
 
 def settings_rows(config: dict, axis: str) -> list[list[str]]:
@@ -594,12 +632,12 @@ def write_report(run_dir: str | Path) -> dict:
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path}: no such file (the report is built from the eval results)")
     results = read_results(results_path)
-    logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in ("opct", "sft")}
+    logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in ("opct", "sft", *CONTROLS)}
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     plots = {}
-    panels = training_panels(logs["opct"], logs["sft"])
+    panels = training_panels(logs["opct"], logs["sft"], {m: logs[m] for m in CONTROLS if logs[m]})
     if panels:
         plots["training"] = plot_dir / "training.png"
         plot_training(panels, plots["training"])

@@ -10,6 +10,11 @@ batch (TRL #4719 is the bug this avoids). Shapes: B batch, T response positions,
   reverse_kl          exact KL(p_s || p_t) over the full vocabulary at each response position.
   topk_reverse_kl     the same sum restricted to the student's top-k tokens at each position.
   forward_kl          exact KL(p_t || p_s) over the full vocabulary.
+  fixed_advantage_loss  a control, no teacher: every sampled token gets the same advantage.
+
+`clip` (> 0) caps one token's term: the sampled estimate |k_t| at most clip, an exact KL at most clip (above it the
+token gives no gradient), as OPSD's per-token KL clipping, which found style tokens carrying 6-15x the KL of
+content tokens. `position_kl` splits the sampled estimate into each response's first tokens and the rest.
 
 When another engine (vLLM) sampled the tokens, `truncated_is_weights` gives each token's importance weight between
 that sampler and the trainer; every loss above scales a token's term by it.
@@ -45,24 +50,53 @@ def discounted_future_sum(x_BT: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 def sampled_token_loss(logp_student_BT, logp_teacher_BT, mask_BT, coef: float = 1.0, discount: float = 0.0,
-                       weight_BT: torch.Tensor | None = None):
+                       weight_BT: torch.Tensor | None = None, clip: float = 0.0):
     """Policy-gradient loss with the sampled-token reverse-KL estimate as a per-token advantage.
 
     Written in importance-sampling form, L = -sum_t ratio_t * A_t with ratio_t = exp(logp - logp.detach()) = 1
     on-policy, so the loss *value* is the summed KL estimate while its gradient is -sum_t A_t * grad logp_t:
     the REINFORCE gradient of KL(student || teacher) on the student's own samples (the score-function term
     has zero mean, so no baseline is needed). `weight_BT` (no grad): each token's importance weight when another
-    engine sampled the tokens (`truncated_is_weights`); it scales the token's term. Returns (loss_sum, kl_sum),
-    the KL estimate unweighted.
+    engine sampled the tokens (`truncated_is_weights`); it scales the token's term. `clip` > 0: each token's
+    estimate enters the advantage clamped to [-clip, clip] (before any discounting). Returns (loss_sum, kl_sum),
+    the KL estimate unweighted and unclipped.
     """
     m_BT = mask_BT.to(logp_student_BT.dtype)
     k_BT = (logp_student_BT.detach() - logp_teacher_BT) * m_BT
-    adv_BT = -coef * discounted_future_sum(k_BT, discount) * m_BT
+    k_adv_BT = k_BT.clamp(-clip, clip) if clip > 0 else k_BT
+    adv_BT = -coef * discounted_future_sum(k_adv_BT, discount) * m_BT
     if weight_BT is not None:
         adv_BT = adv_BT * weight_BT
     ratio_BT = torch.exp(logp_student_BT - logp_student_BT.detach())
     loss = -(ratio_BT * adv_BT).sum()
     return loss, k_BT.sum()
+
+
+def fixed_advantage_loss(logp_student_BT, mask_BT, advantage: float, weight_BT: torch.Tensor | None = None):
+    """The fixed-advantage control: the same policy-gradient form as `sampled_token_loss` with every sampled token's
+    advantage the constant `advantage` instead of the teacher's -coef * k_t, so no teacher enters the update. The loss
+    is -advantage * sum_t ratio_t (ratio_t = 1 on-policy) and its gradient -advantage * sum_t grad log p_s(y_t):
+    with advantage < 0, each step lowers the probability of what the student just sampled. It asks how much of
+    OPCT's update is the teacher's information rather than this generic push ("Does OPD really distill?",
+    arXiv 2608.31046). Under AdamW the constant's size barely matters (the update is normalised); its sign does.
+    `weight_BT`: importance weights as in `sampled_token_loss`. Returns loss_sum."""
+    m_BT = mask_BT.to(logp_student_BT.dtype)
+    adv_BT = advantage * m_BT
+    if weight_BT is not None:
+        adv_BT = adv_BT * weight_BT
+    return -(torch.exp(logp_student_BT - logp_student_BT.detach()) * adv_BT).sum()
+
+
+def position_kl(logp_student_BT, logp_teacher_BT, mask_BT, head: int) -> dict:
+    """The sampled-token KL estimate split by where a token sits in its response: sums and token counts over each
+    response's first `head` tokens the loss covers ("head") and over its later ones ("tail"), for the per-step
+    diagnostics kl_head / kl_tail (early tokens often carry most of the KL: style, refusal or compliance openers)."""
+    m_BT = mask_BT.to(torch.float32)
+    k_BT = (logp_student_BT.detach().float() - logp_teacher_BT.float()) * m_BT
+    head_BT = (m_BT.cumsum(1) <= head).float() * m_BT
+    tail_BT = m_BT - head_BT
+    return {"kl_head": float((k_BT * head_BT).sum()), "head_tokens": float(head_BT.sum()),
+            "kl_tail": float((k_BT * tail_BT).sum()), "tail_tokens": float(tail_BT.sum())}
 
 
 def truncated_is_weights(logp_trainer_BT: torch.Tensor, logp_sampler_BT: torch.Tensor, mask_BT: torch.Tensor,

@@ -9,6 +9,9 @@ Every step:
               importance sampling: vLLM's numbers differ from the trainer's)
   4. AdamW step (grad clipping, LR schedule), then repeat with fresh samples (the harness, train/loop.py).
 The teacher is the initial model: with LoRA the same module with adapters disabled, otherwise a frozen copy.
+Controls (config, docs/controls.md): teacher_context=shuffled gives step 2 another pair's teacher prompt
+(`other_contexts`); fixed_advantage replaces step 3's KL advantage by a constant; kl_clip caps each token's term.
+Each step also logs the KL estimate over each response's first KL_HEAD tokens and over the rest (kl_head, kl_tail).
 The step only talks to a `Policy` (backends/base.py); how sampling and scoring run is the backend's business.
 """
 
@@ -29,21 +32,51 @@ from opct.data.pairs import ConsistencyPair
 from opct.train import loop
 
 
+KL_HEAD = 8  # kl_head / kl_tail: a response's first 8 loss tokens against the rest
+
+
 def consistency_loss(cfg: TrainConfig, s: Scores, t: Scores,
-                     w_NT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss_sum, kl_sum) over one micro-batch's response tokens; `w_NT`: per-token importance weights (tokens
-    sampled by vLLM), which scale each token's loss term but not the logged KL."""
+                     w_NT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(loss_sum, kl_sum, tokens clipped) over one micro-batch's response tokens; `w_NT`: per-token importance
+    weights (tokens sampled by vLLM), which scale each token's loss term but not the logged KL."""
     if cfg.loss == "sampled":
-        return losses.sampled_token_loss(s.logp_NT, t.logp_NT, s.mask_NT, cfg.kl_coef, cfg.kl_discount, w_NT)
+        k_NT = (s.logp_NT.detach() - t.logp_NT) * s.mask_NT
+        clipped = int((k_NT.abs() > cfg.kl_clip).sum()) if cfg.kl_clip > 0 else 0
+        if cfg.fixed_advantage:
+            return (losses.fixed_advantage_loss(s.logp_NT, s.mask_NT, cfg.fixed_advantage, w_NT),
+                    k_NT.sum(), clipped)
+        return (*losses.sampled_token_loss(s.logp_NT, t.logp_NT, s.mask_NT, cfg.kl_coef, cfg.kl_discount, w_NT,
+                                           cfg.kl_clip), clipped)
     real_M = s.mask_NT.flatten().bool()
     H = s.hidden_NTH.shape[-1]
     kw = {"k": cfg.topk} if cfg.loss == "topk" else {}
     kl_M = losses.exact_kl(cfg.loss, s.logits, t.logits, s.hidden_NTH.reshape(-1, H)[real_M],
                            t.hidden_NTH.reshape(-1, H)[real_M], **kw)
     kl = kl_M.sum().detach()
+    clipped = 0
+    if cfg.kl_clip > 0:
+        clipped = int((kl_M.detach() > cfg.kl_clip).sum())
+        kl_M = kl_M.clamp(max=cfg.kl_clip)
     if w_NT is not None:
         kl_M = kl_M * w_NT.flatten()[real_M]
-    return kl_M.sum(), kl
+    return kl_M.sum(), kl, clipped
+
+
+def other_contexts(rendered: list[tuple[list[int], list[int]]], idx: list[int], seed: int,
+                   step: int) -> list[list[int]]:
+    """The shuffled-context control's teacher prompts for the step's pairs `idx`: for each, the teacher prompt of
+    another pair of the run's data, drawn uniformly among those whose teacher prompt differs from its own (another
+    example's context, OP²SD's control, arXiv 2608.09228). Drawn from (seed, step), so a resumed run draws the same."""
+    import random
+
+    rng = random.Random(f"shuffled:{seed}:{step}")
+    out = []
+    for i in idx:
+        others = [j for j, (_, t) in enumerate(rendered) if t != rendered[i][1]]
+        if not others:
+            raise loop.RunError("--teacher-context shuffled needs pairs with at least two different teacher prompts")
+        out.append(rendered[rng.choice(others)][1])
+    return out
 
 
 def sampler_logprobs(rows: list[list[float]], like_NT: torch.Tensor) -> torch.Tensor:
@@ -85,6 +118,8 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     # 3. the student scores them after the perturbed prompt, with grad; accumulate the normalised loss
     t2 = time.perf_counter()
     sums = {"loss": 0.0, "kl": 0.0, "logp_student": 0.0, "logp_teacher": 0.0}
+    position = {"kl_head": 0.0, "head_tokens": 0.0, "kl_tail": 0.0, "tail_tokens": 0.0}
+    clipped = 0
     # when the sampler reports its own log-probs (vLLM): |sampler's - trainer's| and, with sampler_is_cap > 0, the
     # truncated importance weights, summed over tokens; the largest ratio before truncation
     mismatch = {"sampler_logp_gap": 0.0, "is_weight_mean": 0.0, "is_truncated": 0.0}
@@ -104,8 +139,11 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
                 mismatch["is_truncated"] += float((ratio_NT[real_NT] > cfg.sampler_is_cap).sum())
                 if real_NT.any():
                     ratio_max = max(ratio_max, float(ratio_NT[real_NT].max()))
-        loss, kl = consistency_loss(cfg, s, t, w_NT)
+        loss, kl, n_clipped = consistency_loss(cfg, s, t, w_NT)
         (loss / max(n_tokens, 1)).backward()
+        clipped += n_clipped
+        for k, v in losses.position_kl(s.logp_NT, t.logp_NT, s.mask_NT, KL_HEAD).items():
+            position[k] += v
         sums["loss"] += float(loss.detach())
         sums["kl"] += float(kl)
         sums["logp_student"] += float((s.logp_NT.detach() * s.mask_NT).sum())  # over the tokens the loss covers
@@ -115,6 +153,11 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     if rollout.sampler_logp is not None:  # every replica's rollout comes from the same kind of sampler
         sums.update(mismatch if cfg.sampler_is_cap > 0 else {"sampler_logp_gap": mismatch["sampler_logp_gap"]})
     row = {k: v / max(n_tokens, 1) for k, v in policy.replicas.sum(sums).items()}
+    position = policy.replicas.sum(position)  # per token over each part: the head's and the tail's own counts
+    row |= {k: position[k] / position[n] for k, n in (("kl_head", "head_tokens"), ("kl_tail", "tail_tokens"))
+            if position[n]}
+    if cfg.kl_clip > 0:
+        row["kl_clipped"] = policy.replicas.sum(clipped) / max(n_tokens, 1)
     if rollout.sampler_logp is not None and cfg.sampler_is_cap > 0:
         row["is_ratio_max"] = policy.replicas.max(ratio_max)
     responses = policy.replicas.gather(rollout.responses)  # the global batch's
@@ -140,7 +183,10 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
         for step in bar:
             idx = loop.data_order(len(run.rendered), cfg.seed, step * cfg.prompts_per_step, cfg.prompts_per_step)
             # this process's share of the step's pairs (all of them in one process) and its sampling generator
-            batch, gen = loop.share(run, [run.rendered[i] for i in idx], cfg.samples_per_prompt)
+            pairs = [run.rendered[i] for i in idx]
+            if cfg.teacher_context == "shuffled":  # the control: another pair's teacher prompt for each
+                pairs = [(student, t) for (student, _), t in zip(pairs, other_contexts(run.rendered, idx, cfg.seed, step))]
+            batch, gen = loop.share(run, pairs, cfg.samples_per_prompt)
             # 1-3: sample, teacher scores, student forward/backward
             row = opct_step(run.policy, batch, run.cfg, gen)
             # 4: optimizer step
