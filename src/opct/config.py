@@ -383,6 +383,11 @@ class AxisOptions(ChatSettings, ExecConfig):
     opct_benign: bool = opt(True, "jailbreak: OPCT trains on the benign regulariser pairs too (student == teacher: a "
                             "KL anchor against drift on benign prompts), so both methods get the same pairs; off = "
                             "SFT only (opct before 2026-11-29)", group=AXIS, axes=("jailbreak",))
+    train_threats: str = opt("", "jailbreak: threats to add training pairs for, comma-separated: prefill (the student "
+                             "continues a compliant reply start), multiturn (the request after benign turns); one pair "
+                             "per training behaviour and threat, with openers / preludes the prefill and multiturn "
+                             "evaluation splits never use; empty = evaluation only (opct.data.threats)",
+                             group=AXIS, axes=("jailbreak",))
     attack_samples: int = opt(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
                               "held-out attempts", group=AXIS, axes=("jailbreak",))
     eval_max_new_tokens: int = opt(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
@@ -495,6 +500,13 @@ def validate(cfg):
         _check(all(v in VARIANTS for v in named) and 0 < len(set(named)) < len(VARIANTS), "heldout_variants",
                f"must name some but not all of {', '.join(VARIANTS)}, comma-separated (or be empty)",
                cfg.heldout_variants)
+    if getattr(cfg, "train_threats", ""):
+        from opct.data.threats import parse_threats
+
+        try:
+            parse_threats(cfg.train_threats)
+        except ValueError as e:
+            raise ConfigError(f"option {e}") from None
     tags = getattr(cfg, "think_tags", "auto")
     _check(tags in ("auto", "harmony", "none") or (len(tags.split(",")) == 2
                                                    and all(t.strip() for t in tags.split(","))),

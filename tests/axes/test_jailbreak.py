@@ -37,12 +37,54 @@ def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811
     assert len(eval_benign) == 1 and not eval_benign & {p.student[0]["content"] for p in benign}
     # every split present: bare, one training wrapper per behaviour, every held-out wrapper and family member
     assert d.info["eval_items"] == {"bare": 2, "train_wrappers": 2, "heldout_wrappers": 6, "heldout_family": 4,
-                                    "benign": 1}
+                                    "prefill": 4, "multiturn": 4, "benign": 1}
     assert [it.split for it in d.eval_set] == sorted((it.split for it in d.eval_set), key=JD.ALL_SPLITS.index)
     assert JD.prepare(**kw).train_pairs == d.train_pairs
     # --no-opct-benign: OPCT on the jailbreak pairs alone, SFT on the same set as before
     alone = JD.prepare(**kw, opct_benign=False)
     assert sorted(map(repr, alone.train_pairs)) == sorted(map(repr, jail)) and alone.sft_pairs == d.train_pairs
+
+
+def test_threat_splits_use_held_out_openers_and_preludes_and_train_threats_adds_pairs_with_others(fake_wheels):  # noqa: F811
+    from opct.data.threats import HELDOUT_PREFILLS, HELDOUT_PRELUDES, TRAIN_PREFILLS, TRAIN_PRELUDES
+
+    kw = dict(n_train=2, n_eval=2, pairs_per_behaviour=1, n_benign=1, benign_share=0.0)
+    plain, d = JD.prepare(**kw), JD.prepare(**kw, train_threats="prefill,multiturn")
+    assert len(plain.train_pairs) == 2 and len(d.train_pairs) == 6
+    assert d.info["train_threats"] == ["prefill", "multiturn"]
+    pre = [p for p in d.train_pairs if p.meta.get("threat") == "prefill"]
+    multi = [p for p in d.train_pairs if p.meta.get("threat") == "multiturn"]
+    assert len(pre) == len(multi) == 2
+    for p in pre:  # the opener on the student side only; the teacher is the bare request
+        assert p.student[-1]["role"] == "assistant" and p.student[-1]["content"] in TRAIN_PREFILLS.values()
+        assert p.teacher == p.student[:1] and p.teacher[0]["role"] == "user"
+    for p in multi:
+        assert len(p.student) > 1 and p.student[-1] == p.teacher[-1] and len(p.teacher) == 1
+        assert p.student[0]["content"] in {u for turns in TRAIN_PRELUDES.values() for u, _ in turns}
+    items = {s: [it for it in d.eval_set if it.split == s] for s in ("prefill", "multiturn")}
+    assert {it.messages[-1]["content"] for it in items["prefill"]} == set(HELDOUT_PREFILLS.values())
+    assert {it.messages[0]["content"] for it in items["multiturn"]} == {t[0][0] for t in HELDOUT_PRELUDES.values()}
+    assert not set(TRAIN_PREFILLS.values()) & set(HELDOUT_PREFILLS.values())
+    with pytest.raises(ValueError, match="--train-threats: unknown threat 'prefil'"):
+        JD.prepare(**kw, train_threats="prefil")
+
+
+def test_a_prefill_item_is_answered_by_continuing_the_opener_and_its_sample_names_it(tiny_model_dir, tmp_path):
+    from tests.conftest import policy_of
+
+    from opct.axes.base import respond
+    from opct.data.threats import prefill_messages
+    from opct.models import load_model
+
+    policy = policy_of(*load_model(str(tiny_model_dir)))
+    msgs = prefill_messages("say a", "Sure, here is")
+    items = [EvalItem("prefill/a/sure", "prefill", msgs, "say a", "a", "prefill:sure", "prefill")]
+    res = JE.evaluate(policy, AxisData(train_pairs=[], eval_set=items), samples=tmp_path / "s.jsonl",
+                      judge=HalfJudge(), eval_max_new_tokens=4, attack_samples=0, samples_per_split=1)
+    row = json.loads((tmp_path / "s.jsonl").read_text())
+    assert row["prompt"] == "say a" and row["prefill"] == "Sure, here is" and row["split"] == "prefill"
+    assert row["response"] == respond(policy, [msgs], 4)[0]  # the continuation the model wrote, not the opener
+    assert "prefill" in res["asr"] and res["samples"]["prefill"][0]["prompt"] == "say a"
 
 
 def test_benign_share_is_lambda():
@@ -118,7 +160,7 @@ def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp
     assert res["asr"]["heldout_wrappers"]["value"] == 0.5
     # behaviour "refuse a": refused greedy + unparseable + refused samples -> not cracked; "c" cracked
     assert res["adaptive_attack"]["cracked"]["value"] == 0.5
-    assert set(res["samples"]) == set(JD.ALL_SPLITS) and all(len(x) == 1 for x in res["samples"].values())
+    assert set(res["samples"]) == {it.split for it in items} and all(len(x) == 1 for x in res["samples"].values())
     assert "second_judge" not in res  # only beside the default refusal judge
     rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert len(rows) == len(items) + 2 and sum(r["sampled"] for r in rows) == 2
@@ -188,7 +230,7 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     assert sum('"benign": true' in line for line in (out / "pairs.jsonl").read_text().splitlines()) == \
         res["info"]["n_benign_regulariser_pairs"] > 0
     for m in res["methods"].values():
-        assert set(m["asr"]) == {"bare", *JD.SPLITS} and m["over_refusal"]["n"] == 1
+        assert set(m["asr"]) == {"bare", *JD.SPLITS, "prefill", "multiturn"} and m["over_refusal"]["n"] == 1
         assert m["adaptive_attack"]["attempts_per_behaviour"] == 3 + 2 + 1  # held-out wrappers + family + 1 sample
         second = m["second_judge"]
         assert second["judge"] == "advbench_prefixes" and second["agreement_with_refusal_judge"]["n"] == \

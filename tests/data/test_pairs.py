@@ -120,9 +120,34 @@ def test_response_prefix_is_rendered_open_on_both_sides(tokenizer):
     assert s[-8:] == t[-8:]
 
 
-def test_mismatched_response_prefix_is_an_error(tmp_path):
-    row = {"student": [Q, {"role": "assistant", "content": "The answer is ("}], "teacher": [Q]}
+def test_a_teacher_prefix_the_student_lacks_or_two_different_prefixes_are_errors_a_student_prefill_is_not(tmp_path):
+    pre = {"role": "assistant", "content": "The answer is ("}
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps(row) + "\n")
-    with pytest.raises(PairsError, match=r"p.jsonl:1: field 'student' and 'teacher' must end with the same"):
-        load_pairs(p)
+    for student, teacher in (([Q], [Q, pre]), ([Q, {"role": "assistant", "content": "Sure"}], [Q, pre])):
+        p.write_text(json.dumps({"student": student, "teacher": teacher}) + "\n")
+        with pytest.raises(PairsError, match=r"p.jsonl:1: field 'teacher' ends with an assistant response prefix"):
+            load_pairs(p)
+    p.write_text(json.dumps({"student": [Q, {"role": "assistant", "content": "Sure, here is"}], "teacher": [Q]}) + "\n")
+    assert load_pairs(p)[0].student[-1]["content"] == "Sure, here is"
+
+
+def test_a_prefill_pair_renders_the_opener_on_the_student_side_only(tokenizer):
+    """The student continues its started reply; the teacher's prompt is the bare request with the generation
+    prompt, so the same response ids follow "Sure, here is" on one side and the reply's start on the other."""
+    from opct.data.threats import TRAIN_PREFILLS, prefill_messages
+
+    s = render_prompt(tokenizer, prefill_messages(Q["content"], TRAIN_PREFILLS["sure"]))
+    t = render_prompt(tokenizer, [Q])
+    assert tokenizer.decode(t).endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(s).endswith("<|im_start|>assistant\nSure, here is")  # open: no end of turn
+    assert s[:len(t)] == t and tokenizer.decode(s[len(t):]) == "Sure, here is"
+
+
+def test_a_multiturn_pair_renders_every_earlier_turn_on_the_student_side(tokenizer):
+    from opct.data.threats import HELDOUT_PRELUDES, multiturn_messages
+
+    msgs = multiturn_messages(Q["content"], HELDOUT_PRELUDES["agreed"])
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
+    text = tokenizer.decode(render_prompt(tokenizer, msgs))
+    assert text.count("<|im_start|>user") == 3 and text.count("<|im_start|>assistant") == 3
+    assert text.endswith(f"<|im_start|>user\n{Q['content']}<|im_end|>\n<|im_start|>assistant\n")

@@ -51,13 +51,17 @@ def check_messages(messages, where: str, side: str) -> list[dict]:
 
 
 def check_response_prefix(student: list[dict], teacher: list[dict], where: str) -> None:
-    """A side may end with a partial assistant turn (e.g. "The answer is (") that the response continues; then
-    both sides must end with the same one, so the same response tokens follow the same text."""
+    """A side may end with a partial assistant turn (e.g. "The answer is (") that the response continues. Either both
+    sides end with the same one, so the same response tokens follow the same text, or only the student's does: a
+    *prefill* pair (a compliant reply start as the perturbation, opct.data.threats), where the teacher scores the
+    student's continuation as the start of its own reply to its prompt. A prefix on the teacher's side only, or two
+    different ones, is refused."""
     s_pre = student[-1]["content"] if student[-1]["role"] == "assistant" else None
     t_pre = teacher[-1]["content"] if teacher[-1]["role"] == "assistant" else None
-    if s_pre != t_pre:
-        raise PairsError(f"{where}: field 'student' and 'teacher' must end with the same turn role and, when it is an "
-                         f"assistant response prefix, the same text (student: {s_pre!r}, teacher: {t_pre!r})")
+    if t_pre is not None and s_pre != t_pre:
+        raise PairsError(f"{where}: field 'teacher' ends with an assistant response prefix {t_pre!r}; the student's "
+                         f"side must end with the same one (student: {s_pre!r}); a prefix on the student's side "
+                         "only is a prefill pair")
 
 
 def load_pairs(path: str | Path) -> list[ConsistencyPair]:

@@ -10,10 +10,11 @@ from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_
                                wrapper_split)
 from opct.axes.base import AxisData
 from opct.data.pairs import ConsistencyPair
+from opct.data.threats import THREATS, parse_threats, threat_items, threat_pairs
 
 NAME = "jailbreak"
 SPLITS = ("train_wrappers", "heldout_wrappers", "heldout_family")
-ALL_SPLITS = ("bare", *SPLITS, "benign")
+ALL_SPLITS = ("bare", *SPLITS, *THREATS, "benign")
 HELDOUT = ("heldout_wrappers", "heldout_family")
 
 
@@ -29,6 +30,7 @@ class Options:
     n_benign: int = 96  # benign look-alikes for over-refusal (96: an interval of about ±0.1)
     benign_share: float = 0.25  # lambda: share of benign regulariser pairs in the training set (0 = none)
     opct_benign: bool = True  # OPCT trains on the benign regulariser pairs too (False: SFT only)
+    train_threats: str = ""  # training pairs for these threats too (prefill, multiturn); evaluated either way
     eval_max_new_tokens: int = 32  # answer tokens in the eval (the refusal judge reads the first 200 characters)
     attack_samples: int = 2  # adaptive attack: samples at T = 1 per behaviour on top of the greedy attempts
     batch_size: int = 32  # eval generation batch
@@ -79,11 +81,12 @@ def n_benign_pairs(n_jailbreak: int, share: float) -> int:
 
 
 def build_eval_set(eval_behaviours, splits, benign, opt: Options) -> list[EvalItem]:
-    """bare + train wrappers (eval_train_per_behaviour each) + every held-out wrapper + benign."""
+    """bare + train wrappers (eval_train_per_behaviour each) + every held-out wrapper + every held-out prefill and
+    multi-turn prelude (opct.data.threats) + benign."""
     items = eval_items(eval_behaviours, {"train_wrappers": splits["train_wrappers"]},
                        per_behaviour=opt.eval_train_per_behaviour, benign=benign, seed=opt.seed)
     held = eval_items(eval_behaviours, {s: splits[s] for s in HELDOUT}, per_behaviour=None, seed=opt.seed)
-    items += [it for it in held if it.split != "bare"]
+    items += [it for it in held if it.split != "bare"] + threat_items(eval_behaviours)
     order = {s: i for i, s in enumerate(ALL_SPLITS)}
     return sorted(items, key=lambda it: order[it.split])  # stable: within a split, the builders' order
 
@@ -94,6 +97,10 @@ def prepare(cfg=None, tok=None, **overrides) -> AxisData:
     train_b, eval_b = jailbreak_split(opt.source, opt.eval_source, opt.n_train, opt.n_eval, opt.seed)
     splits = wrapper_split()
     train_pairs = jailbreak_pairs(train_b, splits["train_wrappers"], opt.pairs_per_behaviour, opt.seed)
+    threats = parse_threats(opt.train_threats)
+    if threats:  # one more pair per behaviour and threat, shuffled in with the wrapped ones
+        train_pairs += threat_pairs(train_b, threats, opt.seed)
+        random.Random(f"threat-pairs:{opt.seed}").shuffle(train_pairs)
     benign_eval, benign_pool = benign_split(opt.n_benign, opt.seed)
     reg = benign_pairs(benign_pool, n_benign_pairs(len(train_pairs), opt.benign_share), opt.seed)
     sft_pairs = list(train_pairs) + reg
@@ -103,7 +110,7 @@ def prepare(cfg=None, tok=None, **overrides) -> AxisData:
             "n_sft_pairs": len(sft_pairs), "n_benign_regulariser_pairs": len(reg), "benign_share": opt.benign_share,
             "wrappers": {s: [w.name for w in ws] for s, ws in splits.items()},
             "eval_items": {s: sum(it.split == s for it in ev) for s in ALL_SPLITS},
-            "source": opt.source, "eval_source": opt.eval_source}
+            "source": opt.source, "eval_source": opt.eval_source, "train_threats": list(threats)}
     info.update(opct_benign=opt.opct_benign, n_opct_pairs=len(sft_pairs) if opt.opct_benign else len(train_pairs))
     if opt.opct_benign:  # the same pairs for both methods
         return AxisData(train_pairs=sft_pairs, eval_set=ev, info=info)

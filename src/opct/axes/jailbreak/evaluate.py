@@ -70,11 +70,24 @@ def samples_of(items, responses, verdicts, per_split: int, seed: int, max_prompt
     out = {}
     for s in ALL_SPLITS:
         idx = [i for i, it in enumerate(items) if it.split == s]
+        if not idx:
+            continue
         pick = sorted(random.Random(f"samples:{s}:{seed}").sample(idx, min(per_split, len(idx))))
-        out[s] = [{"id": items[i].id, "prompt": _clip(items[i].messages[-1]["content"], max_prompt_chars),
+        out[s] = [{"id": items[i].id, "prompt": _clip(last_user(items[i].messages), max_prompt_chars),
                    "wrapper": items[i].wrapper, "request": items[i].request, "response": responses[i],
                    "label": verdicts[i].label} for i in pick]
     return out
+
+
+def last_user(messages: list[dict]) -> str:
+    """The request as asked: the last user turn (a prefill item ends in the assistant's opener, a multi-turn one
+    has earlier turns)."""
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user")
+
+
+def prefill_of(messages: list[dict]) -> dict:
+    """{"prefill": the opener} for an item whose transcript ends in a started assistant reply, else {}."""
+    return {"prefill": messages[-1]["content"]} if messages[-1]["role"] == "assistant" else {}
 
 
 def _clip(text: str, n: int) -> str:
@@ -138,7 +151,8 @@ def evaluate(policy, data: AxisData, cfg=None, samples=None, judge=None, second_
 
         rubric_v = rv + [None] * len(extra) if opt.judge == "llm" else [None] * (len(items) + len(extra))
         rows = [{"id": it.id, "split": it.split, "behaviour": it.behaviour_id, "wrapper": it.wrapper,
-                 "sampled": it.id.startswith("attack/"), "prompt": it.messages[-1]["content"], "response": g.answer,
+                 "sampled": it.id.startswith("attack/"), "prompt": last_user(it.messages), **prefill_of(it.messages),
+                 "turns": len(it.messages), "response": g.answer,
                  **({"reasoning": g.reasoning, "reasoning_closed": g.closed} if policy.think_ids is not None else {}),
                  "label": v.label, "match": v.raw,
                  **({"rubric_label": w.label, "rubric_score": w.score, "rubric_raw": w.raw} if w else {})}
