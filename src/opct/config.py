@@ -227,6 +227,9 @@ class RunConfig(ChatSettings, ExecConfig):
     # Data and model
     model: str = opt("smollm2-135m-instruct", "model: built-in alias, .gguf file, local dir or Hub id")
     pairs: str = opt("", "JSONL of consistency pairs: {\"student\": [messages], \"teacher\": [messages], ...}")
+    pairs_format: str = opt("auto", "the pairs file's format: opct (student / teacher), ctm (CTM's prompt pairs or "
+                            "mcq-bias rows), attct (AttCT's bct_/control_ sycophancy files or prefill CSV); auto = "
+                            "from the file's first row (docs/pairs.md)", choices=["auto", "opct", "ctm", "attct"])
     out: str = opt("runs/opct", "output directory (metrics.jsonl, tb/, checkpoints/, model/)", resumable=True)
     # Steps and batch
     steps: int = opt(20, "optimizer steps", resumable=True)

@@ -34,7 +34,8 @@ from opct.backends.base import Policy
 from opct.config import RunConfig, apply_env_overrides, resumable_fields, template_kwargs, to_yaml, validate
 from opct.data import reasoning
 from opct.data.io import atomic_write, write_json
-from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt
+from opct.data.formats import read_pairs
+from opct.data.pairs import ConsistencyPair, PairsError, render_prompt
 from opct.models import add_lora, load_model
 from opct.train import checkpoint, distributed, trackers
 from opct.train.metrics import MetricsLog, peak_rss_mb
@@ -218,7 +219,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     if pairs is None:
         if not cfg.pairs:
             raise RunError("no pairs: pass --pairs FILE.jsonl")
-        pairs = load_pairs(cfg.pairs)
+        pairs = read_pairs(cfg.pairs, cfg.pairs_format)
     threads.use(cfg.threads)
     seed_everything(cfg.seed)
     model, tok = load_model(cfg.model, device=device, dtype=dtype)
