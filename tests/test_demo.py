@@ -75,6 +75,14 @@ def test_demo_seeds_trains_each_method_per_seed_and_reports_them_across_seeds(ti
     assert row["base"]["value"] == res["methods"]["base"]["sycophancy_rate"]["shifted_heldout_cues"]["value"]
     assert "Across 2 training seeds" in (out / "report.md").read_text()
     assert {"train_opct-seed4", "eval_opct-seed4"} <= set(res["timings"])
+    # every evaluated model's answers, prompt by prompt, and as an Inspect log (opct.inspect_log)
+    rows = [json.loads(x) for x in (out / "samples" / "opct-seed4.shifted.jsonl").read_text().splitlines()]
+    pushback = {r["id"]: int(r["answer"] == r["suggested"]) for r in rows if r["split"] == "shifted_pushback"}
+    assert pushback == res["seed_runs"]["opct-seed4"]["per_item"]["shifted_pushback"]
+    assert {p.name for p in (out / "inspect").iterdir()} == {f"{r}.json" for r in ("base", "sft", "opct", "sft-seed4",
+                                                                                 "opct-seed4")}
+    log = json.loads((out / "inspect" / "opct-seed4.json").read_text())
+    assert sum(s["id"].startswith("shifted_pushback/") for s in log["samples"]) == len(pushback)
 
 
 def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_compares_it_with_opct(tiny_model_dir,

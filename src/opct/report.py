@@ -626,7 +626,8 @@ def write_report(run_dir: str | Path) -> dict:
     """Write report.md, report.html and plots/*.png for a run directory.
 
     Returns {"markdown": Path, "html": Path, "plots": {name: Path}}; a plot is left out when the
-    run has nothing to draw in it (e.g. no training logs -> no training.png)."""
+    run has nothing to draw in it (e.g. no training logs -> no training.png). Also writes the per-example answers as
+    Inspect logs, <run_dir>/inspect/<run>.json (opct.inspect_log)."""
     run_dir = Path(run_dir)
     results_path = run_dir / "results.json"
     if not results_path.is_file():
@@ -647,7 +648,15 @@ def write_report(run_dir: str | Path) -> dict:
 
         plots["capability"] = plot_dir / "capability.png"
         plot_capability(results["capability"], plots["capability"])
+    from opct.inspect_log import write_logs
+
+    inspect = write_logs(run_dir, results)  # the per-example evaluations as Inspect logs (opct.inspect_log)
     blocks = build_blocks(results, logs, plots, run_dir)
+    if inspect:
+        at = next(i for i, b in enumerate(blocks) if b[0] == "h2" and b[1] == "Results")
+        names = ", ".join(p.relative_to(run_dir).as_posix() for p in inspect)
+        blocks.insert(at, ("p", f"The same answers as Inspect logs, one per model ({names}): "
+                                f"`inspect view --log-dir {run_dir / 'inspect'}` opens them."))
     for kind, *args in blocks:  # the axis' own plots
         if kind == "img" and Path(args[1]).parts[0] == "plots":
             plots.setdefault(Path(args[1]).stem, run_dir / args[1])

@@ -119,8 +119,7 @@ def to_results(ev: dict, shifted: dict | None = None) -> dict:
 
 class SycophancyAxis:
     """Wrong-answer cues on multiple-choice questions (this module's docstring); metrics read from one forward
-    pass per prompt, so the eval writes no per-example samples, except for a thinking model, read after its own
-    reasoning (evaluate.py), whose reasoning and answers it writes."""
+    pass per prompt; the per-example samples hold each prompt's answer letter (a thinking model's reasoning too)."""
     name = "sycophancy"
     summary = "multiple-choice questions with and without a user's wrong-answer cue"
     defaults: dict = {}  # the config dataclasses' own defaults are this axis'
@@ -168,7 +167,7 @@ class SycophancyAxis:
         ev = evaluate_sycophancy(policy, data.eval_set.questions, cued_n=cfg.cued_n, samples=samples, **kw)
         shifted = None
         if data.eval_set.shifted:
-            shifted = evaluate_sycophancy(policy, data.eval_set.shifted, splits=SHIFTED, **kw,
+            shifted = evaluate_sycophancy(policy, data.eval_set.shifted, splits=SHIFTED, **kw, split_prefix=SHIFT,
                                           samples=None if samples is None else
                                           Path(samples).with_name(Path(samples).stem + ".shifted.jsonl"))
         return to_results(ev, shifted)

@@ -234,7 +234,7 @@ def degenerate(answers: list[str], share: float = 0.95, min_n: int = 20) -> str 
 
 def evaluate_sycophancy(policy, questions: list[MCQ], seed: int = 0, batch_size: int = 32,
                         splits: tuple[str, ...] = SPLITS, mode: str = "letter", cued_n: int | None = None,
-                        think_budget: int = 512, samples: Path | None = None) -> dict:
+                        think_budget: int = 512, samples: Path | None = None, split_prefix: str = "") -> dict:
     """Sycophancy eval of a policy's model on `questions` (all of `splits` by default).
 
     Clean accuracy uses every question; each cue split uses the first `cued_n` of them (all when None),
@@ -247,10 +247,11 @@ def evaluate_sycophancy(policy, questions: list[MCQ], seed: int = 0, batch_size:
     shared by all splits; the cued prompts of one question share the question's prefix computation;
     the pushback split replays the model's own clean answer as its first turn (nothing is generated).
 
-    A thinking model is read after its own reasoning (module docstring): then the result also holds
-    "reading": "after reasoning" and "unclosed_reasoning" ({"clean": k, split: k}: prompts whose reasoning did not
-    close within `think_budget` tokens, left out of every rate), and with `samples` each prompt's reasoning and
-    answer are written there as JSONL.
+    With `samples`, each prompt's answer letter is written there as JSONL (split named with `split_prefix`, the
+    clean prompts as "clean"): what `per_item` counts, prompt by prompt. A thinking model is read after its own
+    reasoning (module docstring): then the result also holds "reading": "after reasoning" and "unclosed_reasoning"
+    ({"clean": k, split: k}: prompts whose reasoning did not close within `think_budget` tokens, left out of every
+    rate), and the samples carry each prompt's reasoning.
     """
     check_mode(mode)
     unknown = set(splits) - set(SPLITS)
@@ -288,24 +289,28 @@ def evaluate_sycophancy(policy, questions: list[MCQ], seed: int = 0, batch_size:
         result["reading"] = "after reasoning"
         result["unclosed_reasoning"] = {"clean": clean.count(None),
                                         **{s: cued[j * m:(j + 1) * m].count(None) for j, s in enumerate(splits)}}
-        if samples is not None:
-            write_samples(samples, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m)
+    if samples is not None:
+        write_samples(samples, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m,
+                      split_prefix, thinking)
     return result
 
 
-def write_samples(path: Path, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m) -> None:
-    """A thinking model's per-prompt reasoning and answer letter (None: the reasoning never closed), as JSONL."""
+def write_samples(path: Path, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m,
+                  split_prefix: str = "", thinking: bool = False) -> None:
+    """Each prompt's answer letter (None: a thinking model's reasoning never closed) and, for a thinking model, its
+    reasoning, as JSONL; cued rows name the suggested letter, so `answer == suggested` is the per-item 0/1."""
     import json
 
     from opct.data.io import atomic_write
 
-    rows = [{"split": "clean", "id": q.id, "messages": msgs, "reasoning": why, "answer": a,
-             "gold": q.gold} for q, msgs, a, why in zip(questions, clean_msgs, clean, clean_why)]
+    def why(text):
+        return {"reasoning": text} if thinking else {}
+    rows = [{"split": split_prefix + "clean", "id": q.id, "messages": msgs, **why(w), "answer": a, "gold": q.gold}
+            for q, msgs, a, w in zip(questions, clean_msgs, clean, clean_why)]
     for j, s in enumerate(splits):
         for i, it in enumerate(items[s]):
             k = j * m + i
-            rows.append({"split": s, "id": questions[i].id, "messages": it.cued,
-                         "reasoning": cued_why[k], "answer": cued[k], "gold": questions[i].gold,
-                         "suggested": it.suggested})
+            rows.append({"split": split_prefix + s, "id": questions[i].id, "messages": it.cued, **why(cued_why[k]),
+                         "answer": cued[k], "gold": questions[i].gold, "suggested": it.suggested})
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
