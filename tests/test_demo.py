@@ -104,7 +104,9 @@ def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_com
     opct_cfg = json.loads((out / "opct" / "run.json").read_text())["config"]
     for c, changed in CONTROLS.items():
         cfg = json.loads((out / c / "run.json").read_text())["config"]
-        assert {k: v for k, v in cfg.items() if opct_cfg.get(k) != v and k != "out"} == changed
+        differs = {k: v for k, v in cfg.items() if opct_cfg.get(k) != v and k != "out"}
+        assert differs.items() <= changed.items() and all(cfg[k] == v for k, v in changed.items())
+        assert differs == {k: v for k, v in changed.items() if k != "loss"}  # the sycophancy axis' OPCT: sampled
         d = res["comparison"]["control_minus_opct"][c]["sycophancy_rate"]["shifted_pushback"]
         a, b = (res["methods"][m]["per_item"]["shifted_pushback"] for m in (c, "opct"))
         assert d["value"] == pytest.approx(sum(a[q] - b[q] for q in a) / len(a))

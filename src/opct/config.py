@@ -307,7 +307,9 @@ class TrainConfig(RunConfig):
 # `opct demo --methods` names of the attribution controls (docs/controls.md): OPCT with one setting changed
 CONTROLS = {
     "opct-shuffled": {"teacher_context": "shuffled"},  # the teacher reads another example's clean prompt
-    "opct-fixed": {"fixed_advantage": -1.0},  # no teacher in the update: a constant negative advantage
+    # no teacher in the update: a constant negative advantage (a sampled-token loss by nature: an axis whose OPCT uses
+    # an exact loss, jailbreak's, gets the sampled one for this control)
+    "opct-fixed": {"fixed_advantage": -1.0, "loss": "sampled"},
     "opct-clip": {"kl_clip": 1.0},  # each token's KL term capped at 1 nat
 }
 
