@@ -44,6 +44,10 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
     for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy", "shifted_clean_accuracy",
                    "per_item"):
         assert again[metric] == res["methods"]["opct"][metric], metric
+    # the same answers prompt by prompt, and the same Inspect log's samples as the demo's
+    log, demo_log = (json.loads(p.read_text()) for p in (tmp_path / "eval.inspect.json", out / "inspect" / "opct.json"))
+    assert [(x["id"], x["scores"]) for x in log["samples"]] == [(x["id"], x["scores"]) for x in demo_log["samples"]]
+    assert len(log["samples"]) == 10 + 4 * 8 + 6 + 3 * 6
 
 
 

@@ -90,18 +90,19 @@ def result_scores(result: dict) -> list[dict]:
     return scores
 
 
-def eval_log(axis: str, run: str, model: str, rows: list[dict], result: dict, created: str, out: Path) -> dict:
-    """The EvalLog (as JSON) of one evaluated model's samples and result."""
+def eval_log(axis: str, run: str, model: str, rows: list[dict], result: dict, created: str, source: Path) -> dict:
+    """The EvalLog (as JSON) of one evaluated model's samples and result; `source`: the demo directory or eval file
+    it comes from (its identity: the same run exported again gets the same ids)."""
     from opct import __version__
 
-    ident = hashlib.sha256(f"{out.resolve()}:{run}".encode()).hexdigest()[:22]
+    ident = hashlib.sha256(f"{source.resolve()}:{run}".encode()).hexdigest()[:22]
     samples = [to_sample(axis, r, model) for r in rows]
     return {
         "version": 2, "status": "success",
         "eval": {"eval_id": ident, "run_id": ident, "created": created, "task": f"opct/{axis}", "task_id": ident,
                  "task_version": 0, "dataset": {"name": f"opct-{axis}", "samples": len(samples)},
                  "model": model, "config": {}, "packages": {"opct": __version__},
-                 "metadata": {"axis": axis, "run": run, "demo": str(out)}},
+                 "metadata": {"axis": axis, "run": run, "source": str(source)}},
         "plan": {"name": "plan", "steps": [{"solver": "opct", "params": {"axis": axis}}]},
         "results": {"total_samples": len(samples), "completed_samples": len(samples), "scores": result_scores(result)},
         "stats": {"started_at": created, "completed_at": created},
@@ -109,23 +110,24 @@ def eval_log(axis: str, run: str, model: str, rows: list[dict], result: dict, cr
     }
 
 
+def write_log(path: Path, axis: str, run: str, model: str, samples: Path, result: dict, source: Path) -> Path | None:
+    """`path` <- the Inspect log of one evaluation: its per-example `samples` JSONL (and the sycophancy axis'
+    <samples stem>.shifted.jsonl beside it) and its `result`; None (nothing written) without samples."""
+    files = [f for f in (samples, samples.with_name(samples.stem + ".shifted.jsonl")) if f.is_file()]
+    rows = [r for f in files for r in read_jsonl(f) if isinstance(r, dict)]
+    if not rows or not isinstance(result, dict):
+        return None
+    created = dt.datetime.fromtimestamp(files[0].stat().st_mtime, dt.timezone.utc).isoformat()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_json(path, eval_log(axis, run, model, rows, result, created, source))
+
+
 def write_logs(out: str | Path, results: dict) -> list[Path]:
     """<out>/inspect/<run>.json for every evaluated model of a demo's results (its methods and other seeds' runs)
-    that has per-example samples; returns the paths written."""
+    that has per-example samples (samples/<run>.jsonl); returns the paths written."""
     out = Path(out)
-    axis = results.get("axis", "")
+    axis, model = results.get("axis", ""), results.get("model", "")
     runs = {**(results.get("methods") or {}), **(results.get("seed_runs") or {})}
-    created = dt.datetime.fromtimestamp((out / "results.json").stat().st_mtime if (out / "results.json").exists()
-                                        else dt.datetime.now().timestamp(), dt.timezone.utc).isoformat()
-    written = []
-    for run, result in runs.items():
-        files = [out / "samples" / f"{run}.jsonl", out / "samples" / f"{run}.shifted.jsonl"]
-        rows = [r for f in files if f.is_file() for r in read_jsonl(f) if isinstance(r, dict)]
-        if not rows or not isinstance(result, dict):
-            continue
-        model = results.get("model", "") if run == "base" else f"{results.get('model', '')}+{run}"
-        path = out / "inspect" / f"{run}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, eval_log(axis, run, model, rows, result, created, out))
-        written.append(path)
-    return written
+    written = [write_log(out / "inspect" / f"{run}.json", axis, run, model if run == "base" else f"{model}+{run}",
+                         out / "samples" / f"{run}.jsonl", result, out) for run, result in runs.items()]
+    return [p for p in written if p is not None]
