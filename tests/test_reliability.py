@@ -442,7 +442,7 @@ def test_an_unreadable_or_directory_config(tmp_path, capsys, monkeypatch):
 
 def test_pairs_path_that_is_a_directory_and_a_byte_order_mark(tmp_path, capsys, tiny_model_dir):
     code, err, _ = cli(capsys, *train_args(tiny_model_dir, tmp_path, tmp_path / "out"))
-    assert code == 2 and f"{tmp_path}: is a directory, not a JSONL file" in err
+    assert code == 2 and f"{tmp_path}: is a directory, not a pairs file" in err
     from opct.data.pairs import load_pairs
 
     bom = tmp_path / "bom.jsonl"

@@ -82,4 +82,4 @@ def test_every_axis_evaluates_the_same_on_hf_and_cpu(tiny_model_dir, tmp_path, a
         assert json.loads(out.read_text()) == json.loads(json.dumps(res))
     assert runs["hf"] == runs["cpu"]
     res, samples = runs["cpu"]
-    assert res["axis"] == axis and (samples is None) == (axis == "sycophancy")  # sycophancy reads, never generates
+    assert res["axis"] == axis and samples  # every axis writes each prompt's answer (sycophancy: the letter it read)
