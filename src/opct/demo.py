@@ -407,8 +407,9 @@ def run_demo(cfg: DemoConfig) -> Path:
                 (results["methods"] if name == m else seed_runs)[name] = got
                 bar.update()
         comparison = axis.compare(results["methods"])
-        if controls_vs_opct(axis, results["methods"]):
-            comparison = {**(comparison or {}), "control_minus_opct": controls_vs_opct(axis, results["methods"])}
+        controls = controls_vs_opct(axis, results["methods"])
+        if controls:
+            comparison = {**(comparison or {}), "control_minus_opct": controls}
         if comparison is not None:
             results["comparison"] = comparison
         if cfg.seeds > 1:
