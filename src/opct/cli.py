@@ -81,8 +81,8 @@ def cmd_eval(args) -> None:
         if cfg.out:
             print(f"opct: wrote {cfg.out}")
         return
-    from opct.axes.base import result_rows
     from opct.demo import run_eval
+    from opct.stats import result_rows
 
     res = run_eval(cfg)
     for metric, split, c in result_rows(res):  # value None: nothing measured (n = 0)

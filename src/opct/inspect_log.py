@@ -16,6 +16,7 @@ import hashlib
 from pathlib import Path
 
 from opct.data.io import read_jsonl, write_json
+from opct.stats import result_rows
 
 
 def sample_score(axis: str, row: dict) -> dict:
@@ -69,20 +70,10 @@ def to_sample(axis: str, row: dict, model: str) -> dict:
             "metadata": {k: v for k, v in row.items() if k not in ("messages", "response")}}
 
 
-def cells(result: dict):
-    """(metric, split, cell) for each {value, lo, hi, n} cell of an evaluation result ("" for a metric without
-    splits); the same walk as opct.axes.base.result_rows, here without its torch import (this module needs none)."""
-    for metric, v in result.items():
-        if isinstance(v, dict) and "value" in v:
-            yield metric, "", v
-        elif isinstance(v, dict):
-            yield from ((metric, s, c) for s, c in v.items() if isinstance(c, dict) and "value" in c)
-
-
 def result_scores(result: dict) -> list[dict]:
     """Each metric cell of an evaluation result as an Inspect EvalScore (metrics value, lo, hi, n)."""
     scores = []
-    for metric, split, cell in cells(result):
+    for metric, split, cell in result_rows(result):
         ms = {k: {"name": k, "value": cell[k]} for k in ("value", "lo", "hi", "n")
               if isinstance(cell.get(k), (int, float)) and not isinstance(cell.get(k), bool)}
         if "value" in ms:

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from opct.config import CONTROLS
 from opct.data.io import atomic_write, read_jsonl, write_json
+from opct.stats import is_cell
 
 # Display order; anything else found in results.json follows in the order it first appears.
 METHOD_ORDER = ("base", "sft", "opct", *CONTROLS)
@@ -80,11 +81,6 @@ def unclosed_block(methods: dict, names: list[str], what: str = UNCLOSED_GRADED)
 
 def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def is_cell(x) -> bool:
-    """A {value, lo, hi, n} estimate."""
-    return isinstance(x, dict) and "value" in x
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,20 @@ def wilson(k: int, n: int) -> dict:
     return {"value": p, "lo": lo, "hi": hi, "n": n}
 
 
+def is_cell(x) -> bool:
+    """A results cell: a {value, lo, hi, n} estimate."""
+    return isinstance(x, dict) and "value" in x
+
+
+def result_rows(res: dict) -> list[tuple[str, str, dict]]:
+    """(metric, split, cell) rows of an evaluation result ("" for a metric without splits): metrics without splits
+    first, in their order."""
+    single = [(k, "", v) for k, v in res.items() if is_cell(v)]
+    split = [(k, s, c) for k, v in res.items() if isinstance(v, dict) and not is_cell(v)
+             for s, c in v.items() if is_cell(c)]
+    return single + split
+
+
 def diff_interval(a: dict, b: dict) -> dict:
     """a - b for two Wilson cells, with Newcombe's (1998, method 10) interval for the difference; value None when
     either was not measured."""

@@ -10,7 +10,8 @@ import yaml
 
 from opct import config
 from opct.axes import AXES, AxisError, axis_defaults, get_axis
-from opct.axes.base import AxisData, respond, result_rows
+from opct.axes.base import AxisData, respond
+from opct.stats import result_rows
 from opct.cli import main
 from opct.data.pairs import ConsistencyPair
 

@@ -190,15 +190,3 @@ def respond(policy, chats: list[list[dict]], max_new_tokens: int, temperature: f
     generator seeded with `seed`, so the same call gives the same answers. Batching and execution are the policy's
     (`Policy.generate`)."""
     return [r.answer for r in replies(policy, chats, max_new_tokens, temperature, batch_size, seed, think_budget)]
-
-
-def is_cell(x) -> bool:
-    return isinstance(x, dict) and "value" in x
-
-
-def result_rows(res: dict) -> list[tuple[str, str, dict]]:
-    """(metric, split, cell) rows of an evaluation result: metrics without splits first, in their order."""
-    single = [(k, "", v) for k, v in res.items() if is_cell(v)]
-    split = [(k, s, c) for k, v in res.items() if isinstance(v, dict) and not is_cell(v)
-             for s, c in v.items() if is_cell(c)]
-    return single + split

@@ -85,7 +85,8 @@ def report_blocks(results: dict, out) -> list:
                     "Unparseable judge outputs are left out of the rates and counted in the last column.")]
     info = results.get("info") or {}
     reg = info.get("n_benign_regulariser_pairs")
-    blocks += held_out_blocks(HELD_OUT, ALL_SPLITS, ("Behaviours", "Wrapper"), names=SPLIT_LABELS)
+    present = [s for s in ALL_SPLITS if s == "benign" or any(s in (methods[m].get("asr") or {}) for m in names)]
+    blocks += held_out_blocks(HELD_OUT, present, ("Behaviours", "Wrapper"), names=SPLIT_LABELS)  # older runs: fewer
     if reg is not None:
         both = info.get("opct_benign", False)
         blocks.append(("p", f"Training pairs: {info.get('n_train_pairs')} wrapped AdvBench requests and {reg} benign "
