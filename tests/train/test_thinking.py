@@ -544,3 +544,18 @@ def test_deepseek_r1_distills_own_template_renders_pinned_and_is_read_in_two_pha
     policy = Scripted(tok, [])
     policy.chat_options = {}
     assert reasons_first(policy, turns[:1])
+
+
+def test_capability_generations_of_a_thinking_model_grade_the_answer_after_its_reasoning(tok):
+    """lm-eval's generate_until through the policy (opct.evals.policy_lm): the text after </think>, cut at the task's
+    stop string; a reasoning the budget cut off answers ""; a reply without reasoning is kept whole."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from opct.evals.policy_lm import PolicyLM
+
+    policy = Scripted(tok, three_replies(tok, "Let me see.", "It is 4.\n\nQ: next", "Hmm", "Four.\n\nQ: next"))
+    lm = PolicyLM(policy, max_length=64)
+    reqs = [Instance("generate_until", {}, ("Q: 2+2?", {"until": ["\n\nQ:"], "max_gen_toks": 20}), i)
+            for i in range(3)]
+    assert lm.generate_until(reqs) == ["It is 4.", "", "Four."] and policy.budget == 20

@@ -15,6 +15,10 @@ dropout off), so an axis never touches a model or names a backend:
     policy.generate(prompts_N, settings, gen, batch_size) -> responses    token ids, one response per prompt
     policy.next_token_logprobs(prompts_N, token_ids_N, groups, batch_size) -> [logp_K]
                                                                log P(token | prompt) of the tokens asked for
+    policy.continuation_logprobs(prompts_N, continuations_N, batch_size) -> [(logp_T, greedy_T)]
+                                                               each continuation token's log-prob after the prompt
+                                                               and the tokens before it, and whether it is the
+                                                               most likely token there (lm-eval's loglikelihood)
 
 `backends.make_policy(..., train=False)` builds a policy for inference only (no frozen teacher, no optimizer);
 `backends.inference_policy(name, cfg)` loads a model into one.
@@ -121,6 +125,14 @@ class Policy:
         """For each prompt, log P(t | prompt) (float32, on the CPU) of each token t in token_ids_N[i]: the
         next-token distribution, read without generating. `groups` (one key per prompt): prompts with the same key
         share a token prefix, which may then run once for them all (same numbers up to float rounding)."""
+        raise NotImplementedError
+
+    def continuation_logprobs(self, prompts_N: list[list[int]], continuations_N: list[list[int]],
+                              batch_size: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """For each prompt and its continuation: log P(c_t | prompt, c_<t) of each continuation token (float32, on
+        the CPU) and whether c_t is the most likely token at its position (bool): what lm-eval's loglikelihood
+        requests ask (opct.evals.policy_lm). Without gradients, dropout off; requests with the same prompt (a
+        question's answer choices) may share its forward (same numbers up to float rounding)."""
         raise NotImplementedError
 
     def after_step(self) -> None:

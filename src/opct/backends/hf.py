@@ -106,27 +106,33 @@ def generate(model, prompts_N: list[list[int]], settings: SamplingSettings, eos_
 
 
 @torch.no_grad()
-def next_token_logprobs(model, ids: list[list[int]], pad: int, batch_size: int = 32, groups: list | None = None):
-    """Yields (row indices, logp_BV) for the token that follows each prompt in `ids`, batch by batch.
+def shared_prefix_logits(model, ids: list[list[int]], pad: int, batch_size: int = 32, groups: list | None = None,
+                         tail: list[int] | None = None):
+    """Yields (row indices, logits_BKV) for the last positions of each row of `ids`, batch by batch: K is the batch's
+    largest `tail[i]` (default 1: the token that follows each row), right-aligned, so row i's logits for its last
+    tail[i] positions are logits_BKV[b, K - tail[i]:] (on the model's device, in its dtype).
 
-    Without `groups`: one forward pass per prompt; prompts are sorted by length (less padding),
-    left-padded, given explicit position ids (so a padded row equals the same prompt run alone),
-    and only the last position's logits are computed (logits_to_keep=1).
+    Without `groups`: one forward pass per row; rows are sorted by length (less padding), left-padded, given explicit
+    position ids (so a padded row equals the same row run alone), and only the last K positions' logits are computed
+    (logits_to_keep=K).
 
-    With `groups` (one key per prompt): prompts with the same key share a token prefix (one question
-    with and without its cue), so that prefix's KV cache is computed once per group and each member
-    only runs its own suffix on top of it. Same numbers up to float rounding, fewer tokens.
+    With `groups` (one key per row): rows with the same key share a token prefix (one question with and without its
+    cue; one question's answer choices), so that prefix's KV cache is computed once per group and each member only
+    runs its own suffix on top of it, which keeps at least its last tail[i] tokens (where it is read). Same numbers
+    up to float rounding, fewer tokens.
     """
     device = next(model.parameters()).device
+    tail = [1] * len(ids) if tail is None else tail
     members: dict = {}
     for i, g in enumerate(range(len(ids)) if groups is None else groups):
         members.setdefault(g, []).append(i)
-    # shared prefix per group; keep >= 1 token of suffix per prompt, which is where the answer is read
     glist = [(common_prefix([ids[i] for i in m]) if groups is not None else 0, m) for m in members.values()]
-    glist = [(min(p, min(len(ids[i]) for i in m) - 1), m) for p, m in glist]
+    glist = [(min(p, min(len(ids[i]) - tail[i] for i in m)), m) for p, m in glist]
     glist.sort(key=lambda g: (g[0], len(ids[g[1][0]])))  # similar lengths together: less padding
-    for start in range(0, len(glist), batch_size):
-        chunk = glist[start:start + batch_size]
+    bare = sum(p == 0 for p, _ in glist)  # groups with nothing to share run in chunks of their own
+    chunks = [glist[a:min(a + batch_size, end)] for lo, end in ((0, bare), (bare, len(glist)))
+              for a in range(lo, end, batch_size)]
+    for chunk in chunks:
         kv = None
         if chunk[-1][0] > 0:  # prefix pass for this chunk's groups
             prefix_GP, pmask_GP, _ = left_pad([ids[m[0]][:p] for p, m in chunk], pad)
@@ -145,10 +151,37 @@ def next_token_logprobs(model, ids: list[list[int]], pad: int, batch_size: int =
             pos_BS = (mask_BT.cumsum(-1) - 1).clamp(min=0)[:, -suffix_BS.shape[1]:]
             past = None if kv is None else DynamicCache(
                 [(k[g_B.to(k.device)], v[g_B.to(v.device)]) for k, v in kv], config=model.config)
-            logits_BV = model(input_ids=suffix_BS.to(device), attention_mask=mask_BT.to(device),
-                              position_ids=pos_BS.to(device), past_key_values=past, use_cache=past is not None,
-                              logits_to_keep=1).logits[:, -1].float()
-            yield [i for i, _ in sub], torch.log_softmax(logits_BV, -1).cpu()
+            keep = max(tail[i] for i, _ in sub)
+            logits_BKV = model(input_ids=suffix_BS.to(device), attention_mask=mask_BT.to(device),
+                               position_ids=pos_BS.to(device), past_key_values=past, use_cache=past is not None,
+                               logits_to_keep=keep).logits
+            yield [i for i, _ in sub], logits_BKV
+
+
+def next_token_logprobs(model, ids: list[list[int]], pad: int, batch_size: int = 32, groups: list | None = None):
+    """Yields (row indices, logp_BV) for the token that follows each prompt in `ids`, batch by batch (on the CPU,
+    float32); `groups` as in shared_prefix_logits."""
+    for rows, logits_BKV in shared_prefix_logits(model, ids, pad, batch_size, groups):
+        yield rows, torch.log_softmax(logits_BKV[:, -1].float(), -1).cpu()
+
+
+def continuation_logprobs(model, prompts: list[list[int]], conts: list[list[int]], pad: int, batch_size: int = 32):
+    """[(logp_T, greedy_T)] per (prompt, continuation): each continuation token's log-prob after the prompt and the
+    tokens before it (float32, on the CPU) and whether it is the most likely token there. Requests with the same
+    prompt (a question's answer choices) share its KV cache (shared_prefix_logits)."""
+    if any(not c for c in conts) or any(not p for p in prompts):
+        raise ValueError("a continuation's log-probs need at least one prompt token and one continuation token")
+    out: list = [None] * len(prompts)
+    rows_in = [p + c[:-1] for p, c in zip(prompts, conts)]  # the last len(c) positions predict c
+    for rows, logits_BKV in shared_prefix_logits(model, rows_in, pad, batch_size, [tuple(p) for p in prompts],
+                                                 [len(c) for c in conts]):
+        K = logits_BKV.shape[1]
+        for b, i in enumerate(rows):
+            c = torch.tensor(conts[i], device=logits_BKV.device)
+            logits_TV = logits_BKV[b, K - len(c):].float()
+            logp_T = torch.log_softmax(logits_TV, -1).gather(-1, c[:, None])[:, 0]
+            out[i] = (logp_T.cpu(), (logits_TV.argmax(-1) == c).cpu())
+    return out
 
 
 class HFPolicy(Policy):
@@ -232,6 +265,10 @@ class HFPolicy(Policy):
                 for b, i in enumerate(rows):
                     out[i] = logp_BV[b, token_ids_N[i]]
         return out
+
+    def continuation_logprobs(self, prompts_N, continuations_N, batch_size: int = 32):
+        with self._inference():
+            return continuation_logprobs(self.model, prompts_N, continuations_N, self.pad_id, batch_size)
 
     # -- what subclasses change ------------------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ def model_gap(policy: "VLLMPolicy") -> float:
 class VLLMPolicy(Policy):
     """`train=True`: the student's sampler of a training run (synced every step). `train=False`: an evaluation's
     engine, serving the model being evaluated (`inference_sampler`): `generate` decodes in vLLM, and
-    `next_token_logprobs` (one prefill, nothing decoded) stays with the wrapped policy."""
+    `next_token_logprobs` and `continuation_logprobs` (one prefill, nothing decoded) stay with the wrapped policy."""
     name = "vllm"
 
     def __init__(self, inner: Policy, sampler, train: bool = True):
@@ -95,6 +95,9 @@ class VLLMPolicy(Policy):
 
     def next_token_logprobs(self, prompts_N, token_ids_N, groups=None, batch_size=32):
         return self.inner.next_token_logprobs(prompts_N, token_ids_N, groups, batch_size)
+
+    def continuation_logprobs(self, prompts_N, continuations_N, batch_size=32):
+        return self.inner.continuation_logprobs(prompts_N, continuations_N, batch_size)
 
     def after_step(self) -> None:
         self.inner.after_step()

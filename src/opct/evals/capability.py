@@ -1,13 +1,16 @@
 """Capability retention through lm-evaluation-harness: run lm-eval tasks on a model, compare methods, plot.
 
-`run_capability(model, tasks, limit=..., batch_size=...)` hands the model to lm-eval's `HFLM` and the tasks to
+`run_capability(model, tasks, limit=..., batch_size=...)` hands the model to an lm-eval model and the tasks to
 `lm_eval.simple_evaluate`, and returns per task lm-eval's own numbers (the value and standard error it prints)
 plus a 95% interval, n and a few graded examples. No scorer is re-implemented here.
 
 The model may be
+  * an opct `Policy` (`opct.backends.inference_policy`): lm-eval's requests go through the policy
+    (`opct.evals.policy_lm.PolicyLM`), on its backend, device and dtype: the execution seam training and the axes
+    use. This is what `opct demo` and `opct eval --tasks` run (unless --eval-engine resolves to vllm);
   * a name: the alias `smollm2-135m-instruct` (resolved to its dense copy by `opct.models.resolve`), a
     transformers directory, or a Hub id: `HFLM(pretrained=<path>)`, i.e. `lm_eval --model hf
-    --model_args pretrained=<path>`;
+    --model_args pretrained=<path>` (lm-eval's own HF model: the reference the policy's numbers are checked against);
   * a PEFT adapter directory (an opct/SFT run's `model/`): `HFLM(pretrained=<base>, peft=<adapter>)`, the base
     read from adapter_config.json's `base_model_name_or_path` and resolved the same way;
   * an already-loaded `(model, tokenizer)` pair: `HFLM(pretrained=<module>, tokenizer=<tokenizer>)`.
@@ -102,10 +105,29 @@ def chance(task: str) -> float | None:
     return CHANCE.get(task)
 
 
+def is_policy(model) -> bool:
+    """An opct Policy (duck-typed: this module imports no backend)."""
+    return hasattr(model, "continuation_logprobs") and hasattr(model, "generate")
+
+
+def model_name(model) -> str:
+    """What _meta records as the model: its name, a policy's model's name_or_path, or a loaded module's class."""
+    if isinstance(model, str):
+        return model
+    if is_policy(model):
+        return getattr(model.model, "name_or_path", "") or type(model.model).__name__
+    return type(model[0]).__name__
+
+
 def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float32", max_length: int | None = None,
-            engine: str = "policy", vllm_args: dict | None = None):
-    """lm-eval's HFLM for a name/dir/adapter or a (model, tokenizer) pair, or with `engine="vllm"` lm-eval's VLLM for
-    a name/dir/adapter (`vllm_args`: more of its arguments, e.g. gpu_memory_utilization); see the module docstring."""
+            engine: str = "hf", vllm_args: dict | None = None):
+    """The lm-eval model for `model`: PolicyLM for an opct Policy; lm-eval's HFLM for a name/dir/adapter or a (model,
+    tokenizer) pair, or with `engine="vllm"` lm-eval's VLLM for a name/dir/adapter (`vllm_args`: more of its
+    arguments, e.g. gpu_memory_utilization); see the module docstring."""
+    if is_policy(model):
+        from opct.evals.policy_lm import PolicyLM
+
+        return PolicyLM(model, batch_size=batch_size, max_length=max_length)
     from lm_eval.models.huggingface import HFLM
 
     extra = {"max_length": max_length} if max_length else {}
@@ -223,12 +245,12 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
                    dtype: str = "float32", offline: bool | None = None, log_samples_dir: Path | None = None,
                    limits: dict[str, int | None] | None = None, apply_chat_template: bool = False,
                    num_examples: int = 3, max_length: int | None = None, max_gen_toks: int | None = None,
-                   engine: str = "policy", vllm_args: dict | None = None) -> dict:
+                   engine: str = "hf", vllm_args: dict | None = None) -> dict:
     """Evaluate `model` on lm-eval `tasks`; returns {task: {metric, value, stderr, lo, hi, n, chance, metrics,
     examples}} plus "_meta". `limits` overrides `limit` per task (tasks with different limits are evaluated in
     separate simple_evaluate calls); `log_samples_dir` gets every graded item as <task>.jsonl; `max_gen_toks`
-    caps generation length in every generation task (lm_eval's `--gen_kwargs max_gen_toks=N`); `engine`: policy
-    (HFLM) or vllm (lm-eval's VLLM, with `vllm_args`)."""
+    caps generation length in every generation task (lm_eval's `--gen_kwargs max_gen_toks=N`); `engine` for a
+    model given by name: hf (lm-eval's HFLM) or vllm (lm-eval's VLLM, with `vllm_args`); a Policy runs itself."""
     import lm_eval
 
     if offline:
@@ -263,8 +285,8 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
                       "examples": _examples(samples, metric, num_examples)}
     out["_meta"] = {"lm_eval": importlib.metadata.version("lm_eval"),
                     "offline": offline, "apply_chat_template": apply_chat_template, "batch_size": batch_size,
-                    "max_gen_toks": max_gen_toks, "engine": engine,
-                    "model": model if isinstance(model, str) else type(model[0]).__name__}
+                    "max_gen_toks": max_gen_toks,
+                    "engine": f"policy ({model.name})" if is_policy(model) else engine, "model": model_name(model)}
     return out
 
 
