@@ -383,8 +383,10 @@ class AxisOptions(ChatSettings, ExecConfig):
     n_benign: int = opt(96, "jailbreak: benign look-alike prompts for over-refusal (never trained on; 96: an interval "
                         "of about ±0.1)",
                         group=AXIS, axes=("jailbreak",))
-    benign_share: float = opt(0.25, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
-                              "as target) in the training pairs; 0 = none", group=AXIS, axes=("jailbreak",))
+    benign_share: float = opt(0.5, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
+                              "as target) in the training pairs; 0 = none; 0.5 (as many as wrapped requests, the "
+                              "paper's weight) keeps over-refusal at base for both methods (docs/jailbreak.md)",
+                              group=AXIS, axes=("jailbreak",))
     opct_benign: bool = opt(True, "jailbreak: OPCT trains on the benign regulariser pairs too (student == teacher: a "
                             "KL anchor against drift on benign prompts), so both methods get the same pairs; off = "
                             "SFT only (opct before 2026-11-29)", group=AXIS, axes=("jailbreak",))

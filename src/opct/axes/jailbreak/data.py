@@ -28,7 +28,7 @@ class Options:
     n_eval: int = 16  # HarmBench + StrongREJECT evaluation behaviours
     eval_train_per_behaviour: int = 1  # training wrappers per evaluation behaviour in "train_wrappers"
     n_benign: int = 96  # benign look-alikes for over-refusal (96: an interval of about ±0.1)
-    benign_share: float = 0.25  # lambda: share of benign regulariser pairs in the training set (0 = none)
+    benign_share: float = 0.5  # lambda: share of benign regulariser pairs in the training set (0 = none)
     opct_benign: bool = True  # OPCT trains on the benign regulariser pairs too (False: SFT only)
     train_threats: str = ""  # training pairs for these threats too (prefill, multiturn); evaluated either way
     eval_max_new_tokens: int = 32  # answer tokens in the eval (the refusal judge reads the first 200 characters)
