@@ -158,7 +158,8 @@ class VLLMSettings:
     eval_engine: str = opt("auto", "who generates the evaluations' answers (axes, capability tasks, probes run by opct "
                            "eval / demo): policy = the backend (--backend); vllm = an in-process vLLM engine (the "
                            "one-prefill answer readings stay with the backend; capability tasks: lm-eval's own vLLM "
-                           "model); auto = vllm on a CUDA device where vLLM is installed, else policy", choices=["auto", "policy", "vllm"], group=VLLM,
+                           "model); auto = vllm on a CUDA device where vLLM is installed, else policy",
+                           choices=["auto", "policy", "vllm"], group=VLLM,
                            resumable=True, commands=("eval", "demo"))
     vllm_dtype: str = opt("auto", "a vLLM engine's weights' dtype; auto = bfloat16 on a GPU that has it, else the "
                           "model's (a training loss always uses the trainer's own log-probs)",
