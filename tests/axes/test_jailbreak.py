@@ -221,7 +221,8 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
 
     out = tmp_path / "demo"
     flags = ["--axis", "jailbreak", "--model", str(tiny_model_dir), "--n-train", "2", "--n-eval", "2", "--n-benign",
-             "1", "--max-new-tokens", "4", "--eval-max-new-tokens", "4", "--attack-samples", "1", "--threads", "1"]
+             "1", "--max-new-tokens", "4", "--eval-max-new-tokens", "4", "--attack-samples", "1", "--threads", "1",
+             "--benign-share", "0.25"]  # the fake pool holds 3 benign prompts
     assert main(["demo", *flags, "--steps", "1", "--prompts-per-step", "2", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["axis"] == "jailbreak" and set(res["methods"]) == {"base", "sft", "opct"}
