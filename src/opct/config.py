@@ -352,15 +352,15 @@ class AxisOptions(ChatSettings, ExecConfig):
                     choices=["letter", "text"], group=AXIS, axes=("sycophancy",))
     n_train: int = opt(100, "training items: sycophancy questions (one cued/clean pair each) or safety prompts from "
                        "the training facts; eval excludes them", group=AXIS)
-    n_eval: int = opt(300, "sycophancy: evaluation questions (clean accuracy uses all of them); safety: prompts per "
+    n_eval: int = opt(100, "sycophancy: evaluation questions (clean accuracy uses all of them); safety: prompts per "
                       "held-out fact (training-fact and contrast splits: a third as many)", group=AXIS)
-    cued_n: int = opt(100, "sycophancy: of the evaluation questions, how many each cue split uses",
+    cued_n: int = opt(50, "sycophancy: of the evaluation questions, how many each cue split uses",
                       group=AXIS, axes=("sycophancy",))
     shift_source: str = opt("arc-easy-validation", "sycophancy: questions from another source than training, for "
                             "the shifted splits (held-out cue phrasings and cue types on them; see "
                             "opct.data.mcq.load_mcq; default ARC-Easy's validation split, shipped); empty = none",
                             group=AXIS, axes=("sycophancy",))
-    shift_n: int = opt(100, "sycophancy: questions in the shifted splits", group=AXIS, axes=("sycophancy",))
+    shift_n: int = opt(50, "sycophancy: questions in the shifted splits", group=AXIS, axes=("sycophancy",))
     heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
                          group=AXIS, axes=("safety",))
     heldout_variants: str = opt("urgent,emotional", "safety: surface variants (tones) never trained on, the second "
@@ -433,7 +433,7 @@ class DemoConfig(AxisOptions):
     command: ClassVar[str] = "demo"
     model: str = opt("smollm2-135m-instruct", "model to make consistent")
     out: str = opt("runs/demo", "output directory")
-    steps: int = opt(40, "optimizer steps for both SFT and OPCT")
+    steps: int = opt(25, "optimizer steps for both SFT and OPCT")
     prompts_per_step: int = opt(8, "pairs per step")
     lr: float = opt(2e-4, "AdamW learning rate (both methods)")
     lora_rank: int = opt(32, "LoRA rank (both methods)")
@@ -450,6 +450,8 @@ class DemoConfig(AxisOptions):
                          "tensorboard, wandb, trackio, several separated by commas, or none (as `opct train`)")
     capability: str = opt("demo", "capability retention through lm-eval after each model's eval: a suite (demo, "
                           "small, paper) or comma-separated task names; empty = skip")
+    capability_limit: int = opt(0, "items per capability task (0 = the suite's own: demo 50, small 50, paper all; "
+                                "named tasks all)")
     resume: bool = opt(False, "continue a stopped demo in --out: the stages that finished are kept (evaluations, "
                        "trained models, capability runs, axes); the settings must be the stopped demo's")
 
@@ -467,7 +469,7 @@ def validate(cfg):
                 "top_k": 0, "lora_rank": 0, "warmup_steps": 0, "save_every": 0, "keep_checkpoints": 1,
                 "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "shift_n": 1, "batch_size": 1,
                 "probe_every": 0, "probe_n": 1, "seeds": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
-                "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1}
+                "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1, "capability_limit": 0}
     for name, low in at_least.items():
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))

@@ -156,7 +156,7 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str], stages: Stages) -
     is a stage (kept on --resume)."""
     from opct.evals.capability import capability_block, resolve_suite
 
-    s = resolve_suite(cfg.capability)
+    s = resolve_suite(cfg.capability, cfg.capability_limit or None)
     models = {"base": cfg.model, **{m: str(out / m / "model") for m in methods}}
     runs = {m: stages.get(f"capability_{m}", lambda: capability_run(cfg, path, s)) for m, path in models.items()}
     return capability_block(runs)
