@@ -114,7 +114,7 @@ def test_axis_defaults_apply_only_where_the_user_set_nothing(fake_axis, tmp_path
     from opct.demo import config_for_axis
 
     api = config_for_axis(config.DemoConfig, axis="fake", max_new_tokens=9)
-    assert (api.n_train, api.max_new_tokens, api.steps) == (5, 9, 40)
+    assert (api.n_train, api.max_new_tokens, api.steps) == (5, 9, 25)
     with pytest.raises(config.ConfigError, match="--n-train"):
         config_for_axis(config.DemoConfig, axis="fake", n_train=-1)
 

@@ -315,6 +315,19 @@ def test_demo_capability_stage_and_report(fake_cache, tiny_model_dir, tmp_path):
     assert "Capability retention" in paths["markdown"].read_text() and paths["plots"]["capability"].is_file()
 
 
+def test_demo_capability_limit_sets_the_items_per_task(fake_cache, tiny_model_dir, tmp_path):
+    """`opct demo --capability-limit N`: N items of each task (the fake arc_easy has 3); 0 = the suite's own."""
+    from opct.config import DemoConfig
+    from opct.demo import Stages, capability
+    from opct.evals.capability import SUITES
+
+    cfg = DemoConfig(model=str(tiny_model_dir), capability="arc_easy", capability_limit=2, batch_size=2, device="cpu")
+    assert capability(cfg, tmp_path / "a", [], Stages(tmp_path / "a"))["arc_easy"]["methods"]["base"]["n"] == 2
+    cfg = DemoConfig(model=str(tiny_model_dir), capability="arc_easy", batch_size=2, device="cpu")
+    assert capability(cfg, tmp_path / "b", [], Stages(tmp_path / "b"))["arc_easy"]["methods"]["base"]["n"] == 3
+    assert DemoConfig().capability_limit == 0 and SUITES[DemoConfig().capability]["limit"] == 50
+
+
 def test_capability_through_vllm_hands_base_and_adapter_to_lm_evals_vllm_model(tiny_model_dir, tmp_path, monkeypatch):
     """--eval-engine vllm: an opct adapter goes to lm-eval's own vLLM model type as its base + lora_local_path (the
     rank rounded up to one vLLM accepts), with the engine settings (which settings: tests/evals/test_policy_lm.py).
