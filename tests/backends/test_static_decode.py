@@ -63,7 +63,9 @@ def test_eager_static_step_gives_the_dynamic_cache_logits_and_tokens(tiny_model_
         forced_loop(record)(first_NV, step, settings, set(), tok.pad_token_id, None)
     got_NTV = torch.stack(record, 1)
     assert got_NTV.shape == want_NTV.shape == (3, 5, model.config.vocab_size)
-    assert torch.allclose(got_NTV, want_NTV, atol=1e-5, rtol=1e-5)
+    # float rounding only: the two caches' attention sums in another order (up to 1.4e-5 measured on an Intel Xeon
+    # after the cpu backend's tests ran; 5e-6 alone)
+    assert torch.allclose(got_NTV, want_NTV, atol=1e-4, rtol=1e-5)
 
     greedy = SamplingSettings(max_new_tokens=6, temperature=0.0)
     want = policy.sample(PROMPTS, greedy, None).responses
