@@ -450,8 +450,8 @@ class DemoConfig(AxisOptions):
                          "tensorboard, wandb, trackio, several separated by commas, or none (as `opct train`)")
     capability: str = opt("demo", "capability retention through lm-eval after each model's eval: a suite (demo, "
                           "small, paper) or comma-separated task names; empty = skip")
-    capability_limit: int = opt(0, "items per capability task (0 = the suite's own: demo 50, small 50, paper all; "
-                                "named tasks all)")
+    capability_limit: int = opt(0, "items per capability task (0 = the suite's own limit, "
+                                "opct.evals.capability.SUITES; named tasks: all)")
     resume: bool = opt(False, "continue a stopped demo in --out: the stages that finished are kept (evaluations, "
                        "trained models, capability runs, axes); the settings must be the stopped demo's")
 
