@@ -450,6 +450,26 @@ def test_pairs_path_that_is_a_directory_and_a_byte_order_mark(tmp_path, capsys, 
     assert len(load_pairs(bom)) == 1
 
 
+@pytest.mark.parametrize("name,content,says", [
+    ("ctm_are_you_sure.jsonl", None, ":2: field 'bias_type' is 'are_you_sure': its 'biased_messages' are staged turns"),
+    ("ctm_families.jsonl", None, ":1: a CTM prompt-family row"),
+    ("ctm_bct_targets.jsonl", None, ":1: a CTM BCT target row"),
+    ("attacks.csv", b'prefill\n"Sure! "\n', ":1: missing column 'prompt': a CSV of prefills without prompts is"),
+    ("prefills.csv", b'prompt,prefill\r\n"a\r\nb",Sure\r\nx,"open\r\ny,Sure\r\n',
+     ":4: malformed CSV record (unexpected end of data, at line 5: a quote left open?)"),
+])
+def test_a_peers_file_that_is_not_pairs_is_one_line_saying_what_it_is(tmp_path, capsys, tiny_model_dir, name, content,
+                                                                      says):
+    src = Path(__file__).parent / "fixtures" / "formats" / name
+    if content is not None:
+        src = tmp_path / name
+        src.write_bytes(content)
+    out = tmp_path / "out"
+    code, err, _ = cli(capsys, *train_args(tiny_model_dir, src, out))
+    assert code == 2 and f"opct: error: {src}{says}" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 def test_outputs_that_are_files_or_directories(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     code, err, _ = cli(capsys, "eval", "--out", tmp_path)
