@@ -45,7 +45,10 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
                    "per_item"):
         assert again[metric] == res["methods"]["opct"][metric], metric
     # the same answers prompt by prompt, and the same Inspect log's samples as the demo's
-    log, demo_log = (json.loads(p.read_text()) for p in (tmp_path / "eval.inspect.json", out / "inspect" / "opct.json"))
+    # (Inspect's own names, <created>_<task>_<run>_<id>.json: beside eval.json, and in the demo's inspect/)
+    (eval_log,), (opct_log,) = (list(d.glob(f"*_sycophancy_{r}_*.json")) for d, r in ((tmp_path, "eval"),
+                                                                                     (out / "inspect", "opct")))
+    log, demo_log = (json.loads(p.read_text()) for p in (eval_log, opct_log))
     assert [(x["id"], x["scores"]) for x in log["samples"]] == [(x["id"], x["scores"]) for x in demo_log["samples"]]
     assert len(log["samples"]) == 10 + 4 * 8 + 6 + 3 * 6
 
@@ -83,9 +86,10 @@ def test_demo_seeds_trains_each_method_per_seed_and_reports_them_across_seeds(ti
     rows = [json.loads(x) for x in (out / "samples" / "opct-seed4.shifted.jsonl").read_text().splitlines()]
     pushback = {r["id"]: int(r["answer"] == r["suggested"]) for r in rows if r["split"] == "shifted_pushback"}
     assert pushback == res["seed_runs"]["opct-seed4"]["per_item"]["shifted_pushback"]
-    assert {p.name for p in (out / "inspect").iterdir()} == {f"{r}.json" for r in ("base", "sft", "opct", "sft-seed4",
-                                                                                 "opct-seed4")}
-    log = json.loads((out / "inspect" / "opct-seed4.json").read_text())
+    logs = {p.name.split("_")[2]: p for p in (out / "inspect").iterdir()}  # <created>_<task>_<run>_<id>.json
+    assert sorted(logs) == sorted(("base", "sft", "opct", "sft-seed4", "opct-seed4"))
+    assert len(list((out / "inspect").iterdir())) == 5
+    log = json.loads(logs["opct-seed4"].read_text())
     assert sum(s["id"].startswith("shifted_pushback/") for s in log["samples"]) == len(pushback)
 
 

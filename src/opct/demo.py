@@ -57,7 +57,7 @@ def config_for_axis(cls=DemoConfig, **options):
 def run_eval(cfg: EvalConfig) -> dict:
     """`opct eval --axis NAME`: one model on the axis' evaluation set (the same items `opct demo` evaluates with the
     same options). Returns {"axis", "model", "info", **the axis' result}; per-example samples go next to --out
-    (X.samples.jsonl), and as an Inspect log (X.inspect.json, opct.inspect_log)."""
+    (X.samples.jsonl), and as an Inspect log beside it (<created>_<axis>_X_<id>.json, opct.inspect_log)."""
     from opct.axes import get_axis
     from opct.backends import inference_policy
 
@@ -76,7 +76,7 @@ def run_eval(cfg: EvalConfig) -> dict:
         from opct.inspect_log import write_log
 
         write_json(Path(cfg.out), res)
-        write_log(Path(cfg.out).with_suffix(".inspect.json"), axis.name, "eval", cfg.model, samples, res, Path(cfg.out))
+        write_log(Path(cfg.out).parent, axis.name, "eval", cfg.model, samples, res, Path(cfg.out), Path(cfg.out).stem)
     return res
 
 

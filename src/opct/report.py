@@ -623,7 +623,7 @@ def write_report(run_dir: str | Path) -> dict:
 
     Returns {"markdown": Path, "html": Path, "plots": {name: Path}}; a plot is left out when the
     run has nothing to draw in it (e.g. no training logs -> no training.png). Also writes the per-example answers as
-    Inspect logs, <run_dir>/inspect/<run>.json (opct.inspect_log)."""
+    Inspect logs, <run_dir>/inspect/<created>_<axis>_<run>_<id>.json (opct.inspect_log)."""
     run_dir = Path(run_dir)
     results_path = run_dir / "results.json"
     if not results_path.is_file():
