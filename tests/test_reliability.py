@@ -713,3 +713,159 @@ def test_a_demo_with_an_unknown_capability_task_stops_before_any_model_loads(cap
     code, err, _ = cli(capsys, "demo", "--capability", "piqa,nosuchtask", "--out", tmp_path / "demo")
     assert code == 2 and "--capability: unknown lm-eval task(s) ['nosuchtask']" in err
     assert not (tmp_path / "demo").exists()
+
+
+# ---- issue 63: every input checked before any work, every output complete or absent ----------------------------
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Loading any model fails the test: what these cases refuse must be refused before."""
+    import opct.models
+    import opct.train.loop as loop
+
+    def fail(*a, **k):
+        pytest.fail("a model was loaded")
+    monkeypatch.setattr(opct.models, "load_model", fail)
+    monkeypatch.setattr(loop, "load_model", fail)
+
+
+def test_a_tasks_eval_whose_results_name_has_no_suffix_is_refused_at_once(tmp_path, capsys, no_model_loads):
+    """`opct eval --tasks ... --out runs/cap`: the samples went into a directory of that very name and the results
+    could not be written after every task had run; now refused at once, nothing made."""
+    out = tmp_path / "runs" / "cap"
+    code, err, _ = cli(capsys, "eval", "--tasks", "arc_easy,gsm8k", "--limit", "20", "--out", out)
+    assert code == 2 and err.strip() == (f"opct: error: --out {out}: name the results file with a suffix, e.g. "
+                                         f"{out}.json: the per-example samples go to the directory of its name "
+                                         f"without the suffix ({out}/)")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_tasks_eval_whose_samples_directory_holds_other_files_is_refused(tmp_path, capsys, no_model_loads):
+    (tmp_path / "cap").mkdir()
+    (tmp_path / "cap" / "notes.txt").write_text("mine")
+    code, err, _ = cli(capsys, "eval", "--tasks", "arc_easy", "--out", tmp_path / "cap.json")
+    assert code == 2 and f"its per-example samples go to {tmp_path / 'cap'}/, which holds other files than an " \
+                         "earlier run's samples (notes.txt); choose another --out" in err
+    (tmp_path / "cap.samples.jsonl").mkdir()
+    code, err, _ = cli(capsys, "eval", "--out", tmp_path / "cap.json")
+    assert code == 2 and f"its per-example samples go to {tmp_path / 'cap.samples.jsonl'}, which is a directory" in err
+    assert (tmp_path / "cap" / "notes.txt").read_text() == "mine" and not (tmp_path / "cap.json").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "demo"])
+def test_a_chat_template_option_opct_itself_passes_is_refused(tmp_path, capsys, pairs, no_model_loads, command):
+    argv = {"train": train_args("x", pairs, tmp_path / "run"), "eval": ["eval"],
+            "demo": ["demo", "--out", tmp_path / "demo"]}[command]
+    code, err, _ = cli(capsys, *argv, "--chat-template-kwargs", '{"enable_thinking": true, "add_generation_prompt": 0}')
+    assert code == 2 and "option --chat-template-kwargs sets add_generation_prompt, which opct itself passes to the " \
+                         "chat template" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_chat_template_that_refuses_an_option_names_the_option(tmp_path, capsys, pairs):
+    """A value only the template can judge (it raises on it): the run stops before its first step, one line
+    naming --chat-template-kwargs and the template's own words."""
+    from tests.conftest import make_tiny_model
+
+    template = ("{% if strict %}{{ raise_exception('strict mode takes a single user turn') }}{% endif %}"
+                "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}")
+    model = make_tiny_model(tmp_path / "strict", chat_template=template)
+    out = tmp_path / "run"
+    code, err, _ = cli(capsys, *train_args(model, pairs, out, "--steps", "1"), "--chat-template-kwargs",
+                       '{"strict": true}')
+    assert code == 2 and err.strip().splitlines()[-1] == ('opct: error: --chat-template-kwargs {"strict": true}: the chat '
+                                                          f"template of {str(model)!r} refused it (strict mode takes a "
+                                                          "single user turn)")
+    assert not looks_finished(out)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["train", "--seed", "-1"], "option --seed must be in [0, 4294967295], got -1"),
+    (["eval", "--seed", str(2 ** 32)], f"option --seed must be in [0, 4294967295], got {2 ** 32}"),
+    (["demo", "--seed", str(2 ** 32 - 1), "--seeds", "2"], "option --seed must be in [0, 4294967295] with its --seeds "
+     "2 (the last training seed is --seed + 1), got 4294967295"),
+    (["eval", "--tasks", "arc_easy", "--limit", "-1"], "option --limit must be >= 0, got -1"),
+])
+def test_values_a_library_downstream_would_refuse_are_refused_first(capsys, no_model_loads, argv, says):
+    """A seed numpy's generator refuses (its seeds are 0 .. 2**32 - 1; a demo's last training seed too) and a task
+    limit lm-eval refuses: these were tracebacks after the model had loaded."""
+    code, err, _ = cli(capsys, *argv)
+    assert code == 2 and err.strip() == f"opct: error: {says}"
+
+
+@pytest.mark.parametrize("argv", [["eval", "--eval-engine", "vllm"], ["eval", "--tasks", "arc_easy",
+                                                                         "--eval-engine", "vllm"],
+                                  ["demo", "--eval-engine", "vllm"], ["demo", "--sampler", "vllm"]])
+def test_an_engine_that_is_not_installed_is_named_before_any_model_loads(capsys, monkeypatch, tmp_path,
+                                                                         no_model_loads, argv):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    code, err, _ = cli(capsys, *argv, *(["--out", tmp_path / "demo"] if argv[0] == "demo" else []))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{argv[-2]} vllm needs vllm, which is not installed here: pip install 'opct[vllm]'" in err
+    assert not (tmp_path / "demo").exists()
+
+
+def test_a_demos_tracker_that_is_not_installed_is_named_before_any_model_loads(capsys, monkeypatch, tmp_path,
+                                                                              no_model_loads):
+    """docs/install.md promises it: a demo with --report-to wandb where wandb is missing stopped after loading the
+    model and evaluating base, at its first training run; now at once."""
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    code, err, _ = cli(capsys, "demo", "--out", tmp_path / "demo", "--report-to", "wandb")
+    assert code == 2 and "--report-to wandb needs wandb" in err and not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("argv", [["demo", "--vllm-sleep", "1"], ["train", "--vllm-sleep", "2", "--sampler", "policy"]])
+def test_vllm_sleep_where_no_engine_sleeps_is_refused_not_ignored(capsys, tmp_path, pairs, no_model_loads, argv):
+    """--vllm-sleep with the policy sampler, or on a CPU: it was ignored without a word (the demo, a policy
+    sampler) or refused after the model loaded."""
+    run = (["demo", "--out", tmp_path / "demo"] if argv[0] == "demo"
+           else train_args("smollm2-135m-instruct", pairs, tmp_path / "run"))
+    code, err, _ = cli(capsys, *run, *argv[1:])
+    assert code == 2 and f"--vllm-sleep {argv[2]}: vLLM's sleep mode needs --sampler vllm (an in-process engine) on " \
+                         "a CUDA device" in err
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "run").exists()
+
+
+def sycophancy_eval(model, out, *extra):
+    return ["eval", "--axis", "sycophancy", "--model", model, "--n-train", "4", "--n-eval", "6", "--cued-n", "4",
+            "--shift-n", "4", "--out", out, *extra]
+
+
+def test_an_eval_writes_its_files_as_one_unit_and_never_reads_an_earlier_runs(tmp_path, capsys, tiny_model_dir):
+    """`opct eval --out X.json` twice, the second run without the shifted splits: its samples, Inspect log and
+    result are the second run's alone (the first run's X.samples.shifted.jsonl was taken into the second's Inspect
+    log); no staging directory is left."""
+    out = tmp_path / "X.json"
+    assert cli(capsys, *sycophancy_eval(tiny_model_dir, out))[0] == 0
+    assert (tmp_path / "X.samples.shifted.jsonl").is_file()
+    assert cli(capsys, *sycophancy_eval(tiny_model_dir, out, "--shift-source", ""))[0] == 0
+    assert not (tmp_path / "X.samples.shifted.jsonl").exists()
+    rows = (tmp_path / "X.samples.jsonl").read_text().splitlines()
+    (log,) = tmp_path.glob("*_sycophancy_X_*.json")
+    assert len(json.loads(log.read_text())["samples"]) == len(rows)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_an_eval_that_fails_at_its_end_leaves_the_earlier_complete_run_as_it_was(tmp_path, capsys, monkeypatch,
+                                                                                tiny_model_dir):
+    """A failure while the last file is written (here the Inspect log: a full disk): exit 1, and on disk the earlier
+    run's result, samples and log unchanged, none of this run's, no staging directory; the message says what
+    failed and nothing it says contradicts the disk."""
+    import opct.inspect_log
+
+    out = tmp_path / "X.json"
+    assert cli(capsys, *sycophancy_eval(tiny_model_dir, out))[0] == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full(path, *a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(opct.inspect_log, "write_json", full)
+    code, err, _ = cli(capsys, *sycophancy_eval(tiny_model_dir, out, "--seed", "1"))
+    assert code == 1 and err.strip().splitlines()[-1] == ("opct: error: [Errno 28] No space left on device; no results "
+                                                          "were written") and err.count("opct: error") == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -479,7 +479,7 @@ def validate(cfg):
                 "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "shift_n": 1, "batch_size": 1,
                 "probe_every": 0, "probe_n": 1, "seeds": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
                 "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1, "capability_limit": 0,
-                "sampler_check_every": 0}
+                "sampler_check_every": 0, "limit": 0}
     for name, low in at_least.items():
         if hasattr(cfg, name):
             _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))
@@ -506,6 +506,11 @@ def validate(cfg):
     for name, ok, why in checks:
         if hasattr(cfg, name):
             _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
+    if hasattr(cfg, "seed"):  # numpy's generator takes seeds in [0, 2**32): the last training seed of --seeds too
+        last = cfg.seed + getattr(cfg, "seeds", 1) - 1
+        _check(0 <= cfg.seed and last < 2 ** 32, "seed", f"must be in [0, {2 ** 32 - 1}]" + (
+            f" with its --seeds {cfg.seeds} (the last training seed is --seed + {cfg.seeds - 1})"
+            if getattr(cfg, "seeds", 1) > 1 else ""), cfg.seed)
     if getattr(cfg, "fixed_advantage", 0.0):
         _check(cfg.loss == "sampled", "fixed_advantage", "is a control of the sampled loss: it needs --loss sampled "
                f"(--loss is {cfg.loss})", cfg.fixed_advantage)
@@ -541,6 +546,11 @@ def validate(cfg):
             except json.JSONDecodeError as e:
                 value = e
             _check(isinstance(value, dict), name, "must be a JSON object, e.g. '{\"enable_thinking\": true}'", text)
+            from opct.data.pairs import TEMPLATE_ARGS
+
+            taken = sorted(set(value) & set(TEMPLATE_ARGS))
+            _check(not taken, name, f"sets {', '.join(taken)}, which opct itself passes to the chat template (its "
+                   "options are the template's own variables, e.g. enable_thinking)", text)
     if hasattr(cfg, "model"):
         _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)
     if hasattr(cfg, "report_to"):

@@ -38,6 +38,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from opct import threads
+from opct.train import trackers
 from opct.config import (CONTROLS, DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings,
                          exec_settings, resumable_fields, to_yaml)
 from opct.data.io import atomic_write, write_json
@@ -54,30 +55,89 @@ def config_for_axis(cls=DemoConfig, **options):
     return validate(cls(**values))
 
 
+def eval_outputs(cfg: EvalConfig) -> dict[str, Path]:
+    """The files `opct eval --out X.json` writes, by role: the result X.json and, for an axis, its samples
+    X.samples.jsonl (the sycophancy axis' shifted splits: X.samples.shifted.jsonl) and an Inspect log beside them;
+    for --tasks, lm-eval's per-example samples in the directory X/ (X.json without its suffix). Checked before any
+    model loads (`check_eval_outputs`)."""
+    out = Path(cfg.out)
+    if cfg.tasks:
+        return {"result": out, "samples_dir": out.with_suffix("")}
+    return {"result": out, "samples": out.with_suffix(".samples.jsonl"),
+            "shifted": out.with_suffix(".samples.shifted.jsonl")}
+
+
+def check_eval_outputs(cfg: EvalConfig) -> None:
+    """`opct eval --out`'s files can all be written where they go (ConfigError otherwise): a result name with a
+    suffix where the samples go to a directory of the name without it (--tasks); no directory where a file goes; a
+    samples directory that holds only lm-eval samples (*.jsonl) of an earlier run, which this run replaces."""
+    from opct.config import ConfigError
+
+    if not cfg.out:
+        return
+    files = eval_outputs(cfg)
+    if cfg.tasks:
+        d = files["samples_dir"]
+        if d == files["result"]:
+            raise ConfigError(f"--out {cfg.out}: name the results file with a suffix, e.g. {cfg.out}.json: the "
+                              f"per-example samples go to the directory of its name without the suffix ({d}/)")
+        if d.exists() and not d.is_dir():
+            raise ConfigError(f"--out {cfg.out}: its per-example samples go to the directory {d}/, and {d} is a file")
+        other = sorted(p.name for p in d.iterdir() if p.suffix != ".jsonl") if d.is_dir() else []
+        if other:
+            raise ConfigError(f"--out {cfg.out}: its per-example samples go to {d}/, which holds other files than "
+                              f"an earlier run's samples ({', '.join(other[:3])}); choose another --out")
+    for role in ("samples", "shifted"):
+        if role in files and files[role].is_dir():
+            raise ConfigError(f"--out {cfg.out}: its per-example samples go to {files[role]}, which is a directory")
+
+
+def check_eval_engine(cfg) -> None:
+    """--eval-engine vllm needs vllm (an evaluation's engine, lm-eval's vLLM model): checked before any model loads."""
+    if cfg.eval_engine == "vllm":
+        from opct.extras import require
+
+        require("vllm", "--eval-engine vllm", "or --eval-engine policy")
+
+
 def run_eval(cfg: EvalConfig) -> dict:
     """`opct eval --axis NAME`: one model on the axis' evaluation set (the same items `opct demo` evaluates with the
-    same options). Returns {"axis", "model", "info", **the axis' result}; per-example samples go next to --out
-    (X.samples.jsonl), and as an Inspect log beside it (<created>_<axis>_X_<id>.json, opct.inspect_log)."""
+    same options). Returns {"axis", "model", "info", **the axis' result}; with --out X.json, per-example samples go
+    next to it (X.samples.jsonl), and an Inspect log beside them (<created>_<axis>_X_<id>.json, opct.inspect_log):
+    written as one unit (opct.outputs.Staged), replacing an earlier run's, or, on failure, not at all."""
     from opct.axes import get_axis
     from opct.backends import inference_policy
+    from opct.outputs import Staged
 
     axis = get_axis(cfg.axis)
+    check_eval_outputs(cfg)
+    check_eval_engine(cfg)
     axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
     threads.use(cfg.threads)
+    if not cfg.out:
+        return evaluate_axis(cfg, axis, inference_policy, None)
+    out = Path(cfg.out)
+    files = eval_outputs(cfg)
+    with Staged(out.parent) as stage:
+        res = evaluate_axis(cfg, axis, inference_policy, stage.dir / files["samples"].name)
+        from opct.inspect_log import remove_stale, write_log
+
+        write_json(stage.dir / out.name, res)
+        log = write_log(stage.dir, axis.name, "eval", cfg.model, stage.dir / files["samples"].name, res, out, out.stem)
+        stage.commit(last=out.name, replaces=[files["samples"].name, files["shifted"].name])
+    if log is not None:  # an earlier opct log of this evaluation (another time's, or the old X.inspect.json name)
+        remove_stale(out.parent / log.name, "eval", out.stem, [out.with_suffix(".inspect.json")])
+    return res
+
+
+def evaluate_axis(cfg: EvalConfig, axis, inference_policy, samples: Path | None) -> dict:
     policy = inference_policy(cfg.model, cfg)
     try:
         data = axis.prepare(cfg, policy.tok)
-        samples = Path(cfg.out).with_suffix(".samples.jsonl") if cfg.out else None
-        res = {"axis": axis.name, "model": cfg.model, "info": data.info,
-               **axis.evaluate(policy, data, cfg, samples=samples)}
+        return {"axis": axis.name, "model": cfg.model, "info": data.info,
+                **axis.evaluate(policy, data, cfg, samples=samples)}
     finally:
         policy.close()
-    if cfg.out:
-        from opct.inspect_log import write_log
-
-        write_json(Path(cfg.out), res)
-        write_log(Path(cfg.out).parent, axis.name, "eval", cfg.model, samples, res, Path(cfg.out), Path(cfg.out).stem)
-    return res
 
 
 OFFLINE = {"auto": None, "on": True, "off": False}
@@ -85,14 +145,23 @@ SAVE_EVERY = 10  # the demo's training runs checkpoint every 10 steps: a stopped
 
 
 def run_capability_eval(cfg: EvalConfig) -> dict:
-    """`opct eval --tasks`: lm-eval tasks on one model (`capability_run`)."""
-    from opct.evals.capability import resolve_suite
+    """`opct eval --tasks`: lm-eval tasks on one model (`capability_run`); with --out X.json the result and its
+    per-example samples (X/<task>.jsonl) written as one unit (opct.outputs.Staged)."""
+    from opct.evals.capability import check_tasks, resolve_suite
+    from opct.outputs import Staged
 
+    check_eval_outputs(cfg)
+    check_eval_engine(cfg)
     s = resolve_suite(cfg.tasks, cfg.limit or None)
-    res = capability_run(cfg, cfg.model, s, offline=OFFLINE[cfg.offline],
-                         log_samples_dir=Path(cfg.out).with_suffix("") if cfg.out else None)
-    if cfg.out:
-        write_json(Path(cfg.out), res)
+    check_tasks(s["tasks"], OFFLINE[cfg.offline], option="--tasks")  # an unknown task before the model loads
+    if not cfg.out:
+        return capability_run(cfg, cfg.model, s, offline=OFFLINE[cfg.offline])
+    out, samples_dir = Path(cfg.out), eval_outputs(cfg)["samples_dir"]
+    with Staged(out.parent) as stage:
+        res = capability_run(cfg, cfg.model, s, offline=OFFLINE[cfg.offline],
+                             log_samples_dir=stage.dir / samples_dir.name)
+        write_json(stage.dir / out.name, res)
+        stage.commit(last=out.name, replaces=[samples_dir.name])
     return res
 
 
@@ -241,10 +310,19 @@ def preflight(cfg: DemoConfig):
     if set(methods) - set(known) or len(set(methods)) < len(methods):
         raise RunError(f"--methods takes some of {', '.join(known)} (each once), got {cfg.methods!r}")
     axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
+    trackers.check(cfg.report_to)  # the training runs' trackers, which would otherwise stop it after base's eval
+    check_eval_engine(cfg)
     if cfg.sampler == "vllm" and set(methods) - {"sft"}:  # OPCT or a control samples through vLLM
         from opct.extras import require
 
         require("vllm", "--sampler vllm")
+    if cfg.vllm_sleep:  # for OPCT's sampler as the training runs will resolve it
+        from opct.backends import resolve_device, resolve_sampler
+        from opct.backends.vllm import check_sleep
+
+        device = resolve_device(cfg.device)
+        check_sleep(cfg.vllm_sleep, resolve_sampler(TrainConfig(sampler=cfg.sampler, lora_rank=cfg.lora_rank),
+                                                    device), device)
     if cfg.capability:  # an unknown task would otherwise stop the demo after all its training
         from opct.evals.capability import check_tasks, resolve_suite
 

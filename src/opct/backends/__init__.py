@@ -18,7 +18,7 @@ from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dt
 def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
     """What a training config (RunConfig) asks of its backend: a decode_dtype other than the model's needs, on the
     hf backend, a merged copy of a LoRA model to sample from; a vLLM sampler needs vllm (and a given server that
-    answers). Checked before a model loads."""
+    answers); --vllm-sleep an in-process engine on a GPU. Checked before a model loads."""
     decode_dtype = other_decode_dtype(cfg, dtype)
     if backend == "hf" and decode_dtype and not (cfg.merged_decode and cfg.lora_rank > 0):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
@@ -26,6 +26,10 @@ def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
         from opct.backends.vllm import check
 
         check(cfg)
+    if cfg.vllm_sleep:
+        from opct.backends.vllm import check_sleep
+
+        check_sleep(cfg.vllm_sleep, cfg.sampler, resolve_device(cfg.device))
 
 
 def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30,

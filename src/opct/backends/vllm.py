@@ -233,11 +233,7 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
     check(cfg)
     if device is None or dtype is None:
         device, dtype, _ = resolve(cfg)
-    if cfg.vllm_sleep and (cfg.sampler != "vllm" or device.type != "cuda"):
-        from opct.backends.base import BackendError
-
-        raise BackendError(f"--vllm-sleep {cfg.vllm_sleep}: vLLM's sleep mode needs --sampler vllm (an in-process "
-                           "engine) on a CUDA device; leave it at 0")
+    check_sleep(cfg.vllm_sleep, cfg.sampler, device)
     engine_dtype = resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)
     kw = dict(dtype=str(engine_dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
               kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=needed_model_len(prompt_lengths, cfg.max_new_tokens))
@@ -267,6 +263,16 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
     extra_args = ("--gpu-memory-utilization", str(cfg.vllm_gpu_memory)) if on_gpu else ()
     with visible_device(gpu):
         return VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
+
+
+def check_sleep(level: int, sampler: str, device: torch.device) -> None:
+    """--vllm-sleep is for an in-process engine on a CUDA device (`sampler`: the resolved one); a BackendError
+    otherwise, before any model loads, rather than a setting silently ignored."""
+    if level and (sampler != "vllm" or device.type != "cuda"):
+        from opct.backends.base import BackendError
+
+        raise BackendError(f"--vllm-sleep {level}: vLLM's sleep mode needs --sampler vllm (an in-process engine) on a "
+                           f"CUDA device (here: the {sampler} sampler on {device.type}); leave it at 0")
 
 
 INFERENCE_MAX_MODEL_LEN = 8192  # an evaluation engine's context: the model's own, up to this
