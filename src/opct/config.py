@@ -423,7 +423,9 @@ class EvalConfig(AxisOptions):
     """Evaluate one model on an axis' evaluation set (the one `opct demo --axis` uses), or on lm-eval tasks."""
     command: ClassVar[str] = "eval"  # training settings are neither offered nor accepted (config.opt commands=)
     model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id")
-    out: str = opt("", "write the metrics as JSON here (default: print only)")
+    out: str = opt("", "write the metrics as JSON here, e.g. runs/eval.json (default: print only); beside it the "
+                   "per-example samples (X.samples.jsonl; --tasks: the directory X/) and an Inspect log, written as "
+                   "one unit")
     tasks: str = opt("", "run these lm-evaluation-harness tasks instead of the axis eval: a suite (small, paper, demo) "
                      "or comma-separated lm-eval task names, e.g. arc_easy,gsm8k")
     limit: int = opt(0, "with --tasks: items per task (0 = the suite's default, all for named tasks)")
