@@ -106,7 +106,6 @@ def run_eval(cfg: EvalConfig) -> dict:
     next to it (X.samples.jsonl), and an Inspect log beside them (<created>_<axis>_X_<id>.json, opct.inspect_log):
     written as one unit (opct.outputs.Staged), replacing an earlier run's, or, on failure, not at all."""
     from opct.axes import get_axis
-    from opct.backends import inference_policy
     from opct.outputs import Staged
 
     axis = get_axis(cfg.axis)
@@ -115,22 +114,26 @@ def run_eval(cfg: EvalConfig) -> dict:
     axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
     threads.use(cfg.threads)
     if not cfg.out:
-        return evaluate_axis(cfg, axis, inference_policy, None)
+        return evaluate_axis(cfg, axis, None)
+    from opct.inspect_log import remove_stale, write_log
+
     out = Path(cfg.out)
     files = eval_outputs(cfg)
     with Staged(out.parent) as stage:
-        res = evaluate_axis(cfg, axis, inference_policy, stage.dir / files["samples"].name)
-        from opct.inspect_log import remove_stale, write_log
-
+        samples = stage.dir / files["samples"].name
+        res = evaluate_axis(cfg, axis, samples)
         write_json(stage.dir / out.name, res)
-        log = write_log(stage.dir, axis.name, "eval", cfg.model, stage.dir / files["samples"].name, res, out, out.stem)
+        log = write_log(stage.dir, axis.name, "eval", cfg.model, samples, res, out, out.stem)
         stage.commit(last=out.name, replaces=[files["samples"].name, files["shifted"].name])
     if log is not None:  # an earlier opct log of this evaluation (another time's, or the old X.inspect.json name)
         remove_stale(out.parent / log.name, "eval", out.stem, [out.with_suffix(".inspect.json")])
     return res
 
 
-def evaluate_axis(cfg: EvalConfig, axis, inference_policy, samples: Path | None) -> dict:
+def evaluate_axis(cfg: EvalConfig, axis, samples: Path | None) -> dict:
+    """The axis' evaluation of cfg.model (its samples to `samples`), the model's policy closed after."""
+    from opct.backends import inference_policy
+
     policy = inference_policy(cfg.model, cfg)
     try:
         data = axis.prepare(cfg, policy.tok)

@@ -35,12 +35,11 @@ class Staged:
         """Move the staged outputs into place (`last` at the end); remove the names of `replaces` this run did not
         write. Returns the final paths."""
         staged = sorted(self.dir.iterdir(), key=lambda p: p.name == last)
-        for name in replaces:
-            old = self.out_dir / name
-            if not (self.dir / name).exists() and (old.is_file() or old.is_symlink()):
-                old.unlink()
-            elif not (self.dir / name).exists() and old.is_dir():
+        for old in (self.out_dir / n for n in replaces if not (self.dir / n).exists()):
+            if old.is_dir() and not old.is_symlink():
                 shutil.rmtree(old)
+            elif old.exists() or old.is_symlink():
+                old.unlink()
         moved = []
         for p in staged:
             final = self.out_dir / p.name
