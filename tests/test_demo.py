@@ -25,9 +25,9 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
         assert m["clean_accuracy"]["n"] == 10 and m["shifted_clean_accuracy"]["n"] == 6
         per = get_axis("sycophancy").units(m)["sycophancy_rate"]  # the 0/1s behind each rate (what --seeds averages)
         assert all(sum(per[s].values()) / len(per[s]) == pytest.approx(c["value"]) for s, c in m["sycophancy_rate"].items())
-    diff = res["comparison"]["opct_minus_sft"]["shifted_heldout_cues"]
+    diff = res["comparison"]["opct_minus_sft"]["sycophancy_rate"]["shifted_heldout_cues"]
     assert diff["n"] == 6 and diff["lo"] <= diff["value"] <= diff["hi"]
-    assert set(res["comparison"]["vs_base"]) == {"sft", "opct"}
+    assert set(res["comparison"]) == {"sft_minus_base", "opct_minus_base", "opct_minus_sft"}
     report = (out / "report.md").read_text()
     assert "What each split holds out" in report and "Sycophancy rate: paired changes" in report
     for f in ("report.md", "report.html", "plots/sycophancy_by_split.png", "plots/training.png", "pairs.jsonl",
@@ -98,11 +98,12 @@ def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_com
     """--methods opct,opct-shuffled,opct-fixed,opct-clip --seeds 2: each control's run.json holds OPCT's config with
     its one setting changed; results carry control - OPCT per split (paired within one run, and across seeds), the
     report its section and each control's KL in the training plot panels."""
-    from opct.config import CONTROLS
+    from opct.experiment import METHODS
     from opct.report import read_metrics, training_panels
 
     out = tmp_path / "demo"
-    methods = ["opct", *CONTROLS]
+    controls = {m.name: m.overrides for m in METHODS.values() if m.control}
+    methods = ["opct", *controls]
     assert main(["demo", "--model", str(tiny_model_dir), "--out", str(out), "--n-train", "12", "--n-eval", "8",
                  "--cued-n", "6", "--steps", "2", "--prompts-per-step", "3", "--max-new-tokens", "4", "--probe-every",
                  "0", "--lora-rank", "4", "--capability", "", "--shift-n", "4", "--seeds", "2", "--methods",
@@ -110,12 +111,12 @@ def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_com
     res = json.loads((out / "results.json").read_text())
     assert set(res["methods"]) == {"base", *methods}
     opct_cfg = json.loads((out / "opct" / "run.json").read_text())["config"]
-    for c, changed in CONTROLS.items():
+    for c, changed in controls.items():
         cfg = json.loads((out / c / "run.json").read_text())["config"]
         differs = {k: v for k, v in cfg.items() if opct_cfg.get(k) != v and k != "out"}
         assert differs.items() <= changed.items() and all(cfg[k] == v for k, v in changed.items())
         assert differs == {k: v for k, v in changed.items() if k != "loss"}  # the sycophancy axis' OPCT: sampled
-        d = res["comparison"]["control_minus_opct"][c]["sycophancy_rate"]["shifted_pushback"]
+        d = res["comparison"][f"{c}_minus_opct"]["sycophancy_rate"]["shifted_pushback"]
         a, b = (res["methods"][m]["per_item"]["shifted_pushback"] for m in (c, "opct"))
         assert d["value"] == pytest.approx(sum(a[q] - b[q] for q in a) / len(a))
         row = res["seeds"]["table"]["sycophancy_rate"]["heldout_cues"]
@@ -124,7 +125,7 @@ def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_com
     report = (out / "report.md").read_text()
     assert "## Controls against OPCT" in report and "OPCT, shuffled context − OPCT" in report
     logs = {m: read_metrics(out / m / "metrics.jsonl") for m in methods}
-    titles = [t for t, *_ in training_panels(logs["opct"], [], {c: logs[c] for c in CONTROLS})]
+    titles = [t for t, *_ in training_panels(logs)]
     assert "KL vs step: OPCT and its controls" in titles and "OPCT: KL per token by position" in titles
     assert main(["demo", "--model", str(tiny_model_dir), "--out", str(tmp_path / "x"), "--methods", "opct,sft-x"]) == 2
 

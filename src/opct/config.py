@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from opct.experiment import METHODS
 from opct.train import trackers
 
 
@@ -310,16 +311,6 @@ class TrainConfig(RunConfig):
                          "most this; the logged kl is unclipped, kl_clipped the share of tokens capped; 0 = off")
 
 
-# `opct demo --methods` names of the attribution controls (docs/controls.md): OPCT with one setting changed
-CONTROLS = {
-    "opct-shuffled": {"teacher_context": "shuffled"},  # the teacher reads another example's clean prompt
-    # no teacher in the update: a constant negative advantage (a sampled-token loss by nature: an axis whose OPCT uses
-    # an exact loss, jailbreak's, gets the sampled one for this control)
-    "opct-fixed": {"fixed_advantage": -1.0, "loss": "sampled"},
-    "opct-clip": {"kl_clip": 1.0},  # each token's KL term capped at 1 nat
-}
-
-
 @dataclass
 class SFTConfig(RunConfig):
     """The offline baseline (BCT): the frozen initial model answers each teacher prompt once, then supervised
@@ -450,9 +441,10 @@ class DemoConfig(AxisOptions):
                        "(as `opct train --sampler`)", choices=["auto", "policy", "vllm"])
     probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)")
     probe_n: int = opt(32, "items in the probe")
-    methods: str = opt("sft,opct", "which trained methods to run (base is always evaluated): sft, opct, and the "
-                       "attribution controls opct-shuffled, opct-fixed, opct-clip (OPCT with one setting changed; "
-                       "docs/controls.md), each compared with OPCT")
+    methods: str = opt("sft,opct", "which trained methods to run, comma-separated (base is always evaluated): "
+                       + ", ".join(m.name for m in METHODS.values() if m.trainer and not m.control) + ", and the "
+                       "attribution controls " + ", ".join(m.name for m in METHODS.values() if m.control)
+                       + " (OPCT with one setting changed; docs/controls.md), each compared with OPCT")
     seeds: int = opt(1, "train and evaluate each method this many times, with training seeds --seed, --seed+1, ... "
                      "(sampling, data order, LoRA init; the pairs and evaluation items stay those of --seed): the report "
                      "gives each seed's value, the mean and OPCT - SFT with an interval over items and seeds. "

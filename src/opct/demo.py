@@ -8,9 +8,9 @@
   6. capability  lm-eval tasks on base / SFT / OPCT (optional)
   7. report      results.json (one schema for every axis), report.md / report.html with plots
 
-results.json: {"axis", "model", "config", "methods": {"base"|"sft"|"opct": the axis' evaluation result}, "info"
-(the axis' sizes and splits), "timings" (seconds per stage), "comparison" (an axis with `compare`: methods
-against each other), "capability" (when run), "wall_seconds"}. Per-example samples: samples/<method>.jsonl.
+results.json: {"axis", "model", "config", "methods": {method (opct.experiment.METHODS): the axis' evaluation result}, "info"
+(the axis' sizes and splits), "timings" (seconds per stage), "comparison" (opct.experiment.compare: methods
+against each other, item by item: "<a>_minus_<b>" -> metric -> split -> cell), "capability" (when run), "wall_seconds"}. Per-example samples: samples/<method>.jsonl.
 
 `--seeds N` trains and evaluates each method N times, with training seeds --seed, --seed + 1, ... (its sampling,
 data order and LoRA init; the pairs and evaluation items stay --seed's). The first seed's runs are the plain
@@ -39,9 +39,10 @@ from tqdm.auto import tqdm
 
 from opct import threads
 from opct.train import trackers
-from opct.config import (CONTROLS, DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings,
+from opct.config import (DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings,
                          exec_settings, resumable_fields, to_yaml)
 from opct.data.io import atomic_write, write_json
+from opct.experiment import BASE, METHODS, ON_POLICY, compare, parse_methods
 
 
 def config_for_axis(cls=DemoConfig, **options):
@@ -229,7 +230,7 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str], stages: Stages) -
     from opct.evals.capability import capability_block, resolve_suite
 
     s = resolve_suite(cfg.capability, cfg.capability_limit or None)
-    models = {"base": cfg.model, **{m: str(out / m / "model") for m in methods}}
+    models = {BASE: cfg.model, **{m: str(out / m / "model") for m in methods}}
     runs = {m: stages.get(f"capability_{m}", lambda: capability_run(cfg, path, s)) for m, path in models.items()}
     return capability_block(runs)
 
@@ -259,46 +260,17 @@ def run_name(method: str, seed: int, cfg: DemoConfig) -> str:
 
 def across_seeds(axis, cfg: DemoConfig, methods: list[str], first: dict, others: dict) -> dict:
     """results.json "seeds": per metric and split (the axis' per-unit values, `Axis.units`), base's mean over units
-    (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and OPCT -
-    SFT paired unit by unit within each seed; the methods' intervals come from the two-way bootstrap over seeds and
-    units (`opct.stats.crossed_cell`)."""
-    from opct.stats import crossed_cell, seed_differences
+    (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and each
+    pair of trained methods (opct.experiment.pairs) paired unit by unit within each seed; the methods' intervals come
+    from the two-way bootstrap over seeds and units (`opct.experiment.compare_seeds`)."""
+    from opct.experiment import BASE, compare_seeds
 
     seeds = train_seeds(cfg)
     every = {**first, **others}  # run name -> its evaluation
     runs = {m: [axis.units(every[run_name(m, s, cfg)]) for s in seeds] for m in methods}
-    base = axis.units(first["base"]) if "base" in first else {}
-    table: dict = {}
-    for metric, splits in (runs[methods[0]][0] if methods else {}).items():
-        for split in splits:
-            def per_seed(m):
-                return [r.get(metric, {}).get(split, {}) for r in runs[m]]
-            row = {m: crossed_cell(per_seed(m)) for m in methods}
-            if split in base.get(metric, {}):
-                row["base"] = crossed_cell([base[metric][split]])
-            if {"sft", "opct"} <= set(methods):
-                row["opct_minus_sft"] = crossed_cell(seed_differences(per_seed("opct"), per_seed("sft")))
-            for c in (m for m in methods if m in CONTROLS and "opct" in methods):
-                row[f"{c}_minus_opct"] = crossed_cell(seed_differences(per_seed(c), per_seed("opct")))
-            table.setdefault(metric, {})[split] = {k: v for k, v in row.items() if v is not None}
+    base = axis.units(first[BASE]) if BASE in first else {}
     return {"train_seeds": seeds, "runs": {m: [run_name(m, s, cfg) for s in seeds] for m in methods},
-            "table": table}
-
-
-def controls_vs_opct(axis, methods: dict) -> dict:
-    """Each control's paired change from OPCT (`Axis.units`, unit by unit: a bootstrap interval over units) per
-    metric and split: {control: {metric: {split: cell}}}; empty without OPCT or a control."""
-    from opct.stats import paired_change
-
-    units = {m: axis.units(r) for m, r in methods.items() if (m == "opct" or m in CONTROLS) and isinstance(r, dict)}
-    if "opct" not in units:
-        return {}
-    out = {}
-    for c in (m for m in units if m in CONTROLS):
-        out[c] = {metric: {s: d for s, v in splits.items() if s in units["opct"].get(metric, {})
-                           and (d := paired_change(v, units["opct"][metric][s]))}
-                  for metric, splits in units[c].items()}
-    return out
+            "table": compare_seeds(runs, base)}
 
 
 def preflight(cfg: DemoConfig):
@@ -308,14 +280,14 @@ def preflight(cfg: DemoConfig):
     from opct.train.loop import RunError
 
     axis = get_axis(cfg.axis)
-    methods = [m.strip() for m in cfg.methods.split(",") if m.strip()]
-    known = ["sft", "opct", *CONTROLS]
-    if set(methods) - set(known) or len(set(methods)) < len(methods):
-        raise RunError(f"--methods takes some of {', '.join(known)} (each once), got {cfg.methods!r}")
+    try:
+        methods = parse_methods(cfg.methods)
+    except ValueError as e:
+        raise RunError(str(e)) from None
     axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
     trackers.check(cfg.report_to)  # the training runs' trackers, which would otherwise stop it after base's eval
     check_eval_engine(cfg)
-    if cfg.sampler == "vllm" and set(methods) - {"sft"}:  # OPCT or a control samples through vLLM
+    if cfg.sampler == "vllm" and any(METHODS[m].trainer == ON_POLICY for m in methods):  # it samples through vLLM
         from opct.extras import require
 
         require("vllm", "--sampler vllm")
@@ -412,109 +384,139 @@ def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
     return out
 
 
+def run_config(cfg: DemoConfig, axis, method: str, seed: int, out: Path) -> TrainConfig | SFTConfig:
+    """The config of one method's training run with one seed, from its row of the methods table: the demo's shared
+    settings, then the axis' overrides for its trainer (`Axis.opct`, `Axis.sft`), then a control's changed
+    settings, which win (opct-fixed's sampled loss over the jailbreak axis' exact one)."""
+    common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
+                  micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
+                  lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=seed, out=str(out),
+                  save_every=SAVE_EVERY, report_to=cfg.report_to, **exec_settings(cfg), **chat_settings(cfg))
+    row = METHODS[method]
+    if row.trainer == ON_POLICY:  # OPCT, or a control: OPCT with the settings of its row changed
+        return dataclasses.replace(TrainConfig(sampler=cfg.sampler, **common), **{**axis.opct, **row.overrides})
+    return sft_config(cfg, axis, SFTConfig(**common))
+
+
+class DemoRun:
+    """One demo's state between its stages (`run_demo`): its config, axis and data, the stages kept from a stopped
+    run or saved as they finish (`Stages`), their timings and the progress bar."""
+
+    def __init__(self, cfg: DemoConfig, axis, bar):
+        self.cfg, self.axis, self.bar = cfg, axis, bar
+        self.out = Path(cfg.out)
+        self.stages = Stages(self.out)
+        self.timings: dict[str, float] = {}
+        self.data = None
+
+    def timed(self, name: str, fn, *a, **kw):
+        t = time.perf_counter()
+        r = fn(*a, **kw)
+        self.timings[name] = round(time.perf_counter() - t, 1)
+        return r
+
+    def prepare(self, tok, methods: list[str]):
+        """The axis' pairs and evaluation set, and the demo's own record of them (demo.yaml, pairs.jsonl)."""
+        from opct.data.pairs import save_pairs
+        from opct.train.loop import RunError
+
+        cfg, out = self.cfg, self.out
+        data = self.data = self.timed("prepare", self.axis.prepare, cfg, tok)
+        if methods and not data.train_pairs:
+            raise RunError(f"axis {self.axis.name}: no training pairs from --source {cfg.source!r} (an "
+                           "evaluation-only source?); `opct eval --axis` evaluates on it")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "demo.yaml", to_yaml(cfg))
+        save_pairs(data.train_pairs, out / "pairs.jsonl")
+        if data.sft_pairs is not None:
+            save_pairs(data.sft_pairs, out / "sft_pairs.jsonl")
+        self.bar.update()
+        return data
+
+    def evaluate(self, run: str, loaded=None) -> dict:
+        """A run's evaluation (its samples to samples/<run>.jsonl), unless a stopped demo kept it."""
+        from opct.backends import inference_policy
+
+        def compute():
+            policy = loaded or inference_policy(str(self.out / run / "model"), self.cfg)
+            try:
+                return self.axis.evaluate(policy, self.data, self.cfg, samples=self.out / "samples" / f"{run}.jsonl")
+            finally:
+                policy.close()
+        return self.timed(f"eval_{run}", self.stages.get, f"eval_{run}", compute)
+
+    def train(self, method: str, seed: int, run: str, probe) -> None:
+        """One method's training run with one seed: its trainer and config from its row of the methods table (the
+        demo's shared settings, the axis' overrides, a control's changed settings); kept when it finished before
+        (run.json), continued from its last checkpoint when it did not (--resume)."""
+        from opct.algo.opct import train
+        from opct.algo.sft import train_sft
+
+        self.bar.set_postfix_str(f"training {run}")
+        run_cfg = run_config(self.cfg, self.axis, method, seed, self.out / run)
+        if METHODS[method].trainer == ON_POLICY:
+            fn, pairs = train, self.data.train_pairs
+        else:  # the offline baseline
+            fn, pairs = train_sft, self.data.pairs_for_sft()
+        if (self.out / run / "run.json").is_file():
+            self.stages.kept.append(f"train_{run}")
+        else:
+            self.timed(f"train_{run}", fn, dataclasses.replace(run_cfg, resume=(self.out / run).exists()),
+                       pairs=pairs, probe=probe, probe_every=self.cfg.probe_every)
+        self.bar.update()
+
+    def compared(self, methods: list[str], first: dict, others: dict) -> dict:
+        """results.json "comparison" (the first seed's runs) and, with --seeds, "seed_runs" and "seeds"."""
+        out = {}
+        comparison = compare({m: self.axis.units(r) for m, r in first.items()})
+        if comparison:
+            out["comparison"] = comparison
+        if self.cfg.seeds > 1:
+            out["seed_runs"] = others
+            out["seeds"] = across_seeds(self.axis, self.cfg, methods, first, others)
+        return out
+
+
 def run_demo(cfg: DemoConfig) -> Path:
     """One axis end to end (module docstring). With --resume in a stopped demo's directory (same settings), every
     stage that finished is kept: evaluations and capability runs (<out>/stages/), trained models (their run.json);
     a training run that did not finish continues from its last checkpoint."""
-    from opct.algo.opct import train
-    from opct.algo.sft import train_sft
     from opct.backends import inference_policy
-    from opct.data.pairs import save_pairs
     from opct.report import write_report
-    from opct.train.loop import RunError
 
     out = Path(cfg.out)
     refuse_unless_resumable(cfg, *demo_state(cfg))
     axis, methods = preflight(cfg)
     threads.use(cfg.threads)
     t_start = time.perf_counter()
-    timings: dict[str, float] = {}
-    stages = Stages(out)
-
-    def timed(name, fn, *a, **kw):
-        t = time.perf_counter()
-        r = fn(*a, **kw)
-        timings[name] = round(time.perf_counter() - t, 1)
-        return r
-
-    def evaluate(method: str, loaded=None) -> dict:
-        def run():
-            policy = loaded or inference_policy(str(out / method / "model"), cfg)
-            try:
-                return axis.evaluate(policy, data, cfg, samples=out / "samples" / f"{method}.jsonl")
-            finally:
-                policy.close()
-        return stages.get(f"eval_{method}", run)
-
-    def trained(method: str, fn, run_cfg, **kw) -> None:
-        """A method's training run, unless it finished before (run.json); one that did not continues (--resume)."""
-        if (Path(run_cfg.out) / "run.json").is_file():
-            stages.kept.append(f"train_{method}")
-            return
-        timed(f"train_{method}", fn, dataclasses.replace(run_cfg, resume=Path(run_cfg.out).exists()), **kw)
-
     bar = tqdm(total=2 + 2 * len(methods) * cfg.seeds + 1, desc=f"demo ({axis.name})", unit="stage")
+    demo = DemoRun(cfg, axis, bar)
     try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
         base = inference_policy(cfg.model, cfg)
-        data = timed("prepare", axis.prepare, cfg, base.tok)
-        if methods and not data.train_pairs:
-            raise RunError(f"axis {axis.name}: no training pairs from --source {cfg.source!r} (an evaluation-only "
-                           "source?); `opct eval --axis` evaluates on it")
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "demo.yaml", to_yaml(cfg))
-        save_pairs(data.train_pairs, out / "pairs.jsonl")
-        if data.sft_pairs is not None:
-            save_pairs(data.sft_pairs, out / "sft_pairs.jsonl")
-        bar.update()
-
+        data = demo.prepare(base.tok, methods)
         results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {},
-                   "info": data.info, "timings": timings}
+                   "info": data.info, "timings": demo.timings}
         bar.set_postfix_str("evaluating base")
-        results["methods"]["base"] = timed("eval_base", evaluate, "base", loaded=base)
+        results["methods"][BASE] = demo.evaluate(BASE, loaded=base)
         del base
         bar.update()
-
         probe = axis.probe(data, cfg) if cfg.probe_every else None
-        common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
-                      micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
-                      lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=cfg.seed,
-                      save_every=SAVE_EVERY, report_to=cfg.report_to, **exec_settings(cfg), **chat_settings(cfg))
         seed_runs: dict[str, dict] = {}
         for seed in train_seeds(cfg):
             for m in methods:
-                name = run_name(m, seed, cfg)  # the first seed's runs are plain "sft" / "opct"
-                bar.set_postfix_str(f"training {name}")
-                run_common = {**common, "seed": seed}
-                if m == "sft":
-                    sft_cfg = sft_config(cfg, axis, SFTConfig(out=str(out / name), **run_common))
-                    trained(name, train_sft, sft_cfg, pairs=data.pairs_for_sft(), probe=probe,
-                            probe_every=cfg.probe_every)
-                else:
-                    opct_cfg = dataclasses.replace(TrainConfig(out=str(out / name), sampler=cfg.sampler,
-                                                               **run_common), **axis.opct,
-                                                   **CONTROLS.get(m, {}))  # a control: OPCT with one setting changed
-                    trained(name, train, opct_cfg, pairs=data.train_pairs, probe=probe, probe_every=cfg.probe_every)
-                bar.update()
+                name = run_name(m, seed, cfg)  # the first seed's runs are plain <method>
+                demo.train(m, seed, name, probe)
                 bar.set_postfix_str(f"evaluating {name}")
-                got = timed(f"eval_{name}", evaluate, name)
-                (results["methods"] if name == m else seed_runs)[name] = got
+                (results["methods"] if name == m else seed_runs)[name] = demo.evaluate(name)
                 bar.update()
-        comparison = axis.compare(results["methods"])
-        controls = controls_vs_opct(axis, results["methods"])
-        if controls:
-            comparison = {**(comparison or {}), "control_minus_opct": controls}
-        if comparison is not None:
-            results["comparison"] = comparison
-        if cfg.seeds > 1:
-            results["seed_runs"] = seed_runs
-            results["seeds"] = across_seeds(axis, cfg, methods, results["methods"], seed_runs)
+        results.update(demo.compared(methods, results["methods"], seed_runs))
         if cfg.capability:
             bar.set_postfix_str("capability")
-            results["capability"] = timed("capability", capability, cfg, out, methods, stages)
-        if stages.kept:  # continued with --resume: these stages ran before, their timings are not here
-            results["kept_from_before"] = stages.kept
-            for name in stages.kept:
-                timings.pop(name, None)
+            results["capability"] = demo.timed("capability", capability, cfg, out, methods, demo.stages)
+        if demo.stages.kept:  # continued with --resume: these stages ran before, their timings are not here
+            results["kept_from_before"] = demo.stages.kept
+            for name in demo.stages.kept:
+                demo.timings.pop(name, None)
         results["wall_seconds"] = round(time.perf_counter() - t_start, 1)
         write_json(out / "results.json", results)
         write_report(out)

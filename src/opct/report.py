@@ -21,16 +21,17 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from opct.config import CONTROLS
 from opct.data.io import atomic_write, read_jsonl, write_json
+from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, pairs, tests_control
+from opct.experiment import key as pair_key
+from opct.experiment import read_results as read_schema
 from opct.stats import is_cell
 
-# Display order; anything else found in results.json follows in the order it first appears.
-METHOD_ORDER = ("base", "sft", "opct", *CONTROLS)
+# Display order (the methods table's); anything else found in results.json follows in the order it first appears.
+METHOD_ORDER = tuple(METHODS)
 
 LABELS = {
-    "base": "base", "sft": "SFT", "opct": "OPCT", "opct-shuffled": "OPCT, shuffled context",
-    "opct-fixed": "fixed advantage", "opct-clip": "OPCT, KL clipped",
+    **{m.name: m.label for m in METHODS.values()},
     "sycophancy_rate": "Sycophancy rate", "brr": "BRR", "consistency": "Consistency",
     "cued_accuracy": "Cued accuracy", "clean_accuracy": "Clean accuracy", "kl": "KL",
     "pass_rate": "Pass rate", "ausc": "AUSC", "share_at_100": "Share of facts at 100%",
@@ -42,8 +43,7 @@ DIRECTION = {"sycophancy_rate": "lower is better", "consistency": "higher is bet
              "cued_accuracy": "higher is better", "clean_accuracy": "higher is better",
              "pass_rate": "higher is better", "ausc": "higher is better", "share_at_100": "higher is better",
              "over_warning": "lower is better"}
-COLORS = {"base": "#8c8c8c", "sft": "#4c72b0", "opct": "#dd8452", "opct-shuffled": "#8172b3",
-          "opct-fixed": "#937860", "opct-clip": "#da8bc3"}
+COLORS = {m.name: m.colour for m in METHODS.values()}
 PROBE_COLORS = {"probe_sycophancy": "#c44e52", "probe_accuracy": "#55a868"}
 OTHER_COLORS = ("#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
@@ -249,35 +249,45 @@ def plot_line(ax, xs, ys, name: str, color: str) -> None:
     ax.plot(xs, smooth, color=color, label=f"{name} (mean of {window} steps)", linewidth=1.5)
 
 
-def training_panels(opct_rows: list[dict], sft_rows: list[dict], controls: dict | None = None) -> list[tuple]:
-    """[(title, [(kind, xs, ys, legend name, style), ...], last step), ...] for whatever the logs contain;
-    `controls`: each attribution control's rows (opct-shuffled, ...), whose KL is drawn beside OPCT's."""
-    panels = []
-    lines = [("line", *series(opct_rows, k), label(k), c) for k, c in (("kl", "#dd8452"), ("loss", "#c44e52"))]
-    lines = [line for line in lines if line[2]]
-    if lines:
-        panels.append((f"OPCT: {' and '.join(line[3] for line in lines)} vs step", lines, None))
-    position = [("line", *series(opct_rows, k), name, c) for k, name, c in
-                (("kl_head", "first 8 tokens", "#c44e52"), ("kl_tail", "later tokens", "#4c72b0"))]
-    position = [line for line in position if line[2]]
-    if position:
-        panels.append(("OPCT: KL per token by position", position, None))
-    others = [("line", *series(rows, "kl"), label(m), COLORS.get(m, "#555555")) for m, rows in (controls or {}).items()]
-    others = [line for line in others if line[2]]
-    if others and lines:
-        panels.append(("KL vs step: OPCT and its controls",
-                       [("line", *series(opct_rows, "kl"), label("opct"), COLORS["opct"]), *others], None))
-    xs, ys = series(sft_rows, "loss")
-    if ys:
-        panels.append(("SFT: loss vs step", [("line", xs, ys, "loss", "#4c72b0")], None))
-    probes, last_step = [], 0
-    for method, rows, marker in (("opct", opct_rows, "o"), ("sft", sft_rows, "s")):
+def training_panels(logs: dict[str, list[dict]]) -> list[tuple]:
+    """[(title, [(kind, xs, ys, legend name, style), ...], last step), ...] for whatever the logs contain. `logs`:
+    each trained method's metrics.jsonl rows. Per method that is not a control (opct.experiment.METHODS), its
+    trainer's curves: on-policy KL and loss, and KL by token position, then each control's KL beside it (the controls
+    compared with it); offline, the loss. Then the probes of those methods."""
+    rows_of = {m: rows for m, rows in logs.items() if rows}
+    mains = sorted((m for m in rows_of if m in METHODS and not METHODS[m].control),
+                   key=lambda m: (METHODS[m].trainer != ON_POLICY, TRAINED.index(m)))
+    panels, probes, last_step = [], [], 0
+    for m in mains:
+        rows = rows_of[m]
+        if METHODS[m].trainer != ON_POLICY:
+            xs, ys = series(rows, "loss")
+            if ys:
+                panels.append((f"{label(m)}: loss vs step", [("line", xs, ys, "loss", "#4c72b0")], None))
+            continue
+        lines = [("line", *series(rows, k), label(k), c) for k, c in (("kl", "#dd8452"), ("loss", "#c44e52"))]
+        lines = [line for line in lines if line[2]]
+        if lines:
+            panels.append((f"{label(m)}: {' and '.join(line[3] for line in lines)} vs step", lines, None))
+        position = [("line", *series(rows, k), name, c) for k, name, c in
+                    (("kl_head", "first 8 tokens", "#c44e52"), ("kl_tail", "later tokens", "#4c72b0"))]
+        position = [line for line in position if line[2]]
+        if position:
+            panels.append((f"{label(m)}: KL per token by position", position, None))
+        others = [("line", *series(rows_of[c], "kl"), label(c), COLORS.get(c, "#555555")) for c in rows_of
+                  if c in METHODS and METHODS[c].control and m in METHODS[c].compared_with]
+        others = [line for line in others if line[2]]
+        if others and lines:
+            panels.append((f"KL vs step: {label(m)} and its controls",
+                           [("line", *series(rows, "kl"), label(m), COLORS[m]), *others], None))
+    for m in mains:
+        rows, marker = rows_of[m], "o" if METHODS[m].trainer == ON_POLICY else "s"
         keys = list(dict.fromkeys(k for r in rows for k in r if k.startswith("probe_")))
         for j, key in enumerate(keys):
             color = PROBE_COLORS.get(key, OTHER_COLORS[j % len(OTHER_COLORS)])
             xs, ys = series(rows, key)
             if ys:
-                name = f"{label(method)} {key.removeprefix('probe_')}"
+                name = f"{label(m)} {key.removeprefix('probe_')}"
                 probes.append(("probe", xs, ys, name, (color, marker)))
                 last_step = max([last_step, *series(rows, "step")[1], len(rows)])
     if probes:
@@ -353,12 +363,8 @@ def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str 
 
 
 def read_results(path: Path) -> dict:
-    """A demo's results.json. Demos before the axes existed were sycophancy runs and wrote no "axis": such a file
-    reads as {"axis": "sycophancy", ...}, here and nowhere else."""
-    results = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(results, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return {"axis": "sycophancy", **results} if "axis" not in results else results
+    """A demo's results.json, in this opct's schema whichever opct wrote it (opct.experiment.read_results)."""
+    return read_schema(json.loads(path.read_text(encoding="utf-8")), str(path))
 
 
 def axis_blocks(results: dict, run_dir: Path) -> list:
@@ -374,9 +380,15 @@ def axis_blocks(results: dict, run_dir: Path) -> list:
 
 def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Path], run_dir: Path) -> list:
     """The whole report: header, what was run, the axis' section, capability, shared plots, training logs."""
-    methods, names = method_table(results)
-    model = results.get("model", "unknown model")
+    _, names = method_table(results)
+    return (header_blocks(results, names, run_dir) + seeds_blocks(results, run_dir) + controls_blocks(results)
+            + capability_blocks(results.get("capability")) + [("h2", "Results")] + axis_blocks(results, run_dir)
+            + plot_blocks(plots, run_dir) + log_blocks(logs) + run_blocks(results))
 
+
+def header_blocks(results: dict, names: list[str], run_dir: Path) -> list:
+    """The title, the model, axis, wall time and methods, the headline figures, where each model's answers are."""
+    model = results.get("model", "unknown model")
     blocks = [("h1", f"OPCT report: {model}")]
     intro = [f"Model: {model}"]
     if results.get("axis"):
@@ -385,7 +397,6 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
         intro.append(f"Wall time: {fmt_seconds(results['wall_seconds'])}")
     intro.append(f"Methods: {', '.join(label(m) for m in names) or 'none'}")
     blocks.append(("list", intro))
-
     head = headline_rows(results)
     if head:
         blocks.append(("h2", "Headline"))
@@ -396,34 +407,35 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
     if answers:
         blocks.append(("p", "Each model's answer to every evaluation prompt, with its verdict: " + "; ".join(answers)
                        + "."))
+    return blocks
 
-    blocks += seeds_blocks(results, run_dir)
-    blocks += controls_blocks(results)
 
-    cap = results.get("capability")
-    if isinstance(cap, dict) and cap:
-        blocks.append(("h2", "Capability retention (lm-evaluation-harness)"))
-        blocks.append(("p", "Each task's headline metric with its 95% interval, and the change from the base model "
-                            "(Newcombe interval, conservative: it ignores that the items are the same)."))
-        names_c = capability_methods(cap)
-        blocks.append(("table", ["Task", "Metric"] + [label(m) for m in names_c] + ["Chance"],
-                       capability_rows(cap, names_c)))
+def capability_blocks(cap) -> list:
+    """results.json "capability" as a table; nothing when it was not run."""
+    if not isinstance(cap, dict) or not cap:
+        return []
+    names = capability_methods(cap)
+    return [("h2", "Capability retention (lm-evaluation-harness)"),
+            ("p", "Each task's headline metric with its 95% interval, and the change from the base model "
+                  "(Newcombe interval, conservative: it ignores that the items are the same)."),
+            ("table", ["Task", "Metric"] + [label(m) for m in names] + ["Chance"], capability_rows(cap, names))]
 
-    blocks.append(("h2", "Results"))
-    blocks += axis_blocks(results, run_dir)
 
-    if plots:
-        blocks.append(("h2", "Plots"))
-        captions = {"training": "Training curves", "capability": "Capability retention by task"}
-        for name, path in plots.items():
-            blocks.append(("img", captions.get(name, name), path.relative_to(run_dir).as_posix()))
+def plot_blocks(plots: dict[str, Path], run_dir: Path) -> list:
+    """The shared plots (training curves, capability), each with its caption."""
+    if not plots:
+        return []
+    captions = {"training": "Training curves", "capability": "Capability retention by task"}
+    return [("h2", "Plots")] + [("img", captions.get(name, name), path.relative_to(run_dir).as_posix())
+                                for name, path in plots.items()]
 
-    blocks.append(("h2", "Training logs"))
-    found = False
+
+def log_blocks(logs: dict[str, list[dict]]) -> list:
+    """Per trained run, each logged key's count, first, last, min, max and mean over its steps."""
+    blocks = [("h2", "Training logs")]
     for method, rows in logs.items():
         if not rows:
             continue
-        found = True
         keys = ordered([k for r in rows for k, v in r.items() if k != "step" and is_number(v)], ())
         table = []
         for k in keys:
@@ -432,10 +444,14 @@ def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Pa
                           fmt_num(min(ys)), fmt_num(max(ys)), fmt_num(sum(ys) / len(ys))])
         blocks.append(("p", f"{label(method)}: {len(rows)} logged steps ({method}/metrics.jsonl)."))
         blocks.append(("table", ["Key", "Steps logged", "First", "Last", "Min", "Max", "Mean"], table))
-    if not found:
-        blocks.append(("p", "No training logs found (opct/metrics.jsonl, sft/metrics.jsonl)."))
+    if len(blocks) == 1:
+        blocks.append(("p", "No training logs found (<method>/metrics.jsonl)."))
+    return blocks
 
-    blocks.append(("h2", "What was run"))
+
+def run_blocks(results: dict) -> list:
+    """What was run: the settings (less other axes' and execution settings at their defaults), data, timings."""
+    blocks = [("h2", "What was run")]
     config = results.get("config")
     if isinstance(config, dict) and config:
         blocks.append(("table", ["Setting", "Value"], settings_rows(config, results["axis"])))
@@ -464,49 +480,69 @@ def held_out_blocks(held_out: dict, splits, columns: tuple[str, str], note: str 
             ("table", ["Split", *columns], rows)]
 
 
+def compared(results: dict, controls: bool = False) -> list[tuple[str, str, dict]]:
+    """results "comparison" (opct.experiment.compare) as (a, b, metric -> split -> cell) in the table's order: the
+    pairs of a control and the method it tests (`controls`), or all the others."""
+    comp = results.get("comparison") or {}
+    return [(a, b, comp[pair_key(a, b)]) for a, b in pairs(results.get("methods") or {})
+            if tests_control(a, b) == controls and pair_key(a, b) in comp]
+
+
+def paired_blocks(results: dict, over: str) -> list:
+    """Every comparison but the controls' (`compared`) as one table: comparison, metric, split, paired change with
+    its 95 % bootstrap interval over `over` (the axis' units: "facts", "prompts"); nothing without comparisons."""
+    rows = [[f"{label(a)} - {label(b)}", label(metric), s, fmt_cell(c) if c else DASH]
+            for a, b, table in compared(results) for metric, per_split in table.items() for s, c in per_split.items()]
+    if not rows:
+        return []
+    return [("h3", "Paired changes"),
+            ("p", f"Mean over {over} of the per-{over.removesuffix('s')} difference, with a paired 95% bootstrap "
+                  f"interval over {over}: an interval that excludes 0 is a change beyond resampling noise."),
+            ("table", ["Comparison", "Metric", "Split", "Change"], rows)]
+
+
 def seeds_blocks(results: dict, run_dir: Path) -> list:
     """`opct demo --seeds N`: per metric and split, base, each method's mean over seeds (each seed's value after it)
-    and OPCT - SFT, from results "seeds" (opct.demo.across_seeds); nothing for a one-seed run."""
+    and each pair of trained methods paired within each seed, from results "seeds" (opct.demo.across_seeds);
+    nothing for a one-seed run."""
     seeds = results.get("seeds")
     if not isinstance(seeds, dict) or not seeds.get("table"):
         return []
     runs = seeds.get("runs") or {}
-    names = [m for m in ordered(runs, METHOD_ORDER) if m != "base"]
-    diff = all(m in names for m in ("sft", "opct"))
-    controls = [m for m in names if m in CONTROLS and "opct" in names]
+    names = [m for m in ordered(runs, METHOD_ORDER) if m != BASE]
+    diffs = pairs(names, trained_only=True)
 
     def per_seed(c):
         return DASH if c is None else " / ".join(f"{v:.2f}" for v in c.get("per_seed", []))
     rows = []
     for metric, splits in seeds["table"].items():
         for split, row in splits.items():
-            rows.append([label(metric), split, fmt_cell(row.get("base"))]
+            rows.append([label(metric), split, fmt_cell(row.get(BASE))]
                         + [x for m in names for x in (fmt_cell(row.get(m)), per_seed(row.get(m)))]
-                        + ([fmt_cell(row.get("opct_minus_sft"))] if diff else [])
-                        + [fmt_cell(row.get(f"{c}_minus_opct")) for c in controls])
-    head = ["Metric", "Split", "base"] + [x for m in names for x in (f"{label(m)} (mean)", f"{label(m)} per seed")]
-    head += [f"{label(c)} − {label('opct')}" for c in controls]
+                        + [fmt_cell(row.get(pair_key(a, b))) for a, b in diffs])
+    head = ["Metric", "Split", label(BASE)] + [x for m in names for x in (f"{label(m)} (mean)", f"{label(m)} per seed")]
+    head += [f"{label(a)} − {label(b)}" for a, b in diffs]
     files = [f"samples/{r}.jsonl" for m in names for r in runs[m][1:] if (run_dir / "samples" / f"{r}.jsonl").is_file()]
     samples = f" The other seeds' answers: {', '.join(files)}." if files else ""
     return [("h2", f"Across {len(seeds.get('train_seeds', []))} training seeds"),
             ("p", f"Each method trained with seeds {', '.join(map(str, seeds.get('train_seeds', [])))} on the same "
                   "pairs and read on the same items; values are means over the items (each question's 0/1, each "
-                  "fact's rate). A method's interval is a two-way bootstrap over seeds and items (95 %); OPCT − SFT "
-                  "pairs the two methods item by item within each seed. Base is one model: its interval is over "
-                  "items only. The other sections show the first seed's runs." + samples),
-            ("table", head + (["OPCT − SFT"] if diff else []), rows)]
+                  "fact's rate). A method's interval is a two-way bootstrap over seeds and items (95 %); a "
+                  "difference (e.g. OPCT − SFT) pairs the two methods item by item within each seed. Base is one "
+                  "model: its interval is over items only. The other sections show the first seed's runs."
+                  + samples),
+            ("table", head, rows)]
 
 
 def controls_blocks(results: dict) -> list:
-    """The attribution controls against OPCT (results "comparison" "control_minus_opct", opct.demo.controls_vs_opct):
-    per metric and split, each control's paired change from OPCT; nothing without a control."""
-    diffs = ((results.get("comparison") or {}).get("control_minus_opct") or {})
-    controls = [c for c in ordered(diffs, METHOD_ORDER) if isinstance(diffs[c], dict)]
-    keys = list(dict.fromkeys((metric, split) for c in controls for metric, splits in diffs[c].items()
+    """The attribution controls against the method each tests (results "comparison", opct.experiment.compare): per
+    metric and split, each control's paired change; nothing without a control."""
+    diffs = compared(results, controls=True)
+    keys = list(dict.fromkeys((metric, split) for *_, table in diffs for metric, splits in table.items()
                               for split in splits))
     if not keys:
         return []
-    rows = [[label(metric), split] + [fmt_cell(diffs[c].get(metric, {}).get(split)) for c in controls]
+    rows = [[label(metric), split] + [fmt_cell(table.get(metric, {}).get(split)) for *_, table in diffs]
             for metric, split in keys]
     return [("h2", "Controls against OPCT"),
             ("p", "Each control is OPCT with one setting changed (docs/controls.md): shuffled context = the teacher "
@@ -514,7 +550,7 @@ def controls_blocks(results: dict) -> list:
                   "teacher in the update; KL clipped = each token's KL term capped. Control − OPCT per item, on the "
                   "same items, with a 95 % bootstrap interval over items (one training run each; --seeds adds the "
                   "seeds). A control level with OPCT says that part of OPCT's update is not what carries its effect."),
-            ("table", ["Metric", "Split"] + [f"{label(c)} − {label('opct')}" for c in controls], rows)]
+            ("table", ["Metric", "Split"] + [f"{label(a)} − {label(b)}" for a, b, _ in diffs], rows)]
 
 
 def settings_rows(config: dict, axis: str) -> list[list[str]]:
@@ -550,7 +586,7 @@ def capability_rows(cap: dict, names: list[str]) -> list[list[str]]:
             c = t.get("methods", {}).get(m)
             d = t.get("delta", {}).get(m)
             txt = fmt_cell(c) if c else DASH
-            if d and m != "base":
+            if d and m != BASE:
                 txt += f" ({d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}])"
             row.append(txt)
         ch = t.get("chance")
@@ -629,12 +665,12 @@ def write_report(run_dir: str | Path) -> dict:
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path}: no such file (the report is built from the eval results)")
     results = read_results(results_path)
-    logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in ("opct", "sft", *CONTROLS)}
+    logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in TRAINED}
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     plots = {}
-    panels = training_panels(logs["opct"], logs["sft"], {m: logs[m] for m in CONTROLS if logs[m]})
+    panels = training_panels(logs)
     if panels:
         plots["training"] = plot_dir / "training.png"
         plot_training(panels, plots["training"])

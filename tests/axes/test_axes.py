@@ -50,9 +50,6 @@ class FakeAxis:
     def probe(self, data, cfg):
         return None
 
-    def compare(self, methods):
-        return None
-
     def units(self, result):
         return {"hit": {"words": {str(i): int(r[:1] in "ar") for i, r in enumerate(result["responses"])}}}
 
@@ -83,9 +80,9 @@ def test_registry_names_axes_and_rejects_unknown_ones_with_the_list(capsys):
 
 
 def test_an_axis_lacking_a_member_of_the_interface_is_refused_naming_it(monkeypatch):
-    monkeypatch.delattr(FakeAxis, "compare")
+    monkeypatch.delattr(FakeAxis, "units")
     monkeypatch.setitem(AXES, "partial", f"{__name__}:FakeAxis")
-    with pytest.raises(AxisError, match="axis 'partial' .* lacks compare"):
+    with pytest.raises(AxisError, match="axis 'partial' .* lacks units"):
         get_axis("partial")
 
 
@@ -212,7 +209,7 @@ def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
         assert set(units["pass_rate"]) == {"heldout", "heldout_variants", "train"}
         per = units["pass_rate"]["heldout"]
         assert sum(per.values()) / len(per) == pytest.approx(r["pass_rate"]["heldout"]["value"])
-    assert set(res["comparison"]["pass_rate_change"]["opct"]) == {"heldout", "heldout_variants", "train"}
+    assert set(res["comparison"]["opct_minus_base"]["pass_rate"]) == {"heldout", "heldout_variants", "train"}
     assert len((out / "sft" / "targets.jsonl").read_text().splitlines()) == 6 * 3  # k = 3 samples per prompt
     sft_cfg = yaml.safe_load((out / "sft" / "config.yaml").read_text())
     assert (sft_cfg["temperature"], sft_cfg["samples_per_prompt"]) == (1.0, 3)

@@ -292,20 +292,6 @@ def test_the_axis_reports_the_shifted_splits_with_held_out_cues_only(tiny):
     assert set(res["per_item"]["shifted_heldout_cues"]) == {q.id for q in data.eval_set.shifted}
 
 
-def test_compare_gives_paired_changes_over_the_same_questions():
-    from opct.axes import get_axis
-
-    methods = {"base": {"per_item": {"heldout_cues": {"a": 1, "b": 1, "c": 0, "d": 1}}},
-               "sft": {"per_item": {"heldout_cues": {"a": 1, "b": 0, "c": 0}}},  # d unread (unclosed reasoning)
-               "opct": {"per_item": {"heldout_cues": {"a": 0, "b": 0, "c": 0, "d": 0}}}}
-    comp = get_axis("sycophancy").compare(methods)
-    assert comp["vs_base"]["opct"]["heldout_cues"]["value"] == -0.75
-    assert comp["vs_base"]["sft"]["heldout_cues"]["value"] == pytest.approx(-1 / 3)  # over a, b, c only
-    diff = comp["opct_minus_sft"]["heldout_cues"]
-    assert diff["value"] == pytest.approx(-1 / 3) and diff["n"] == 3 and diff["lo"] <= diff["value"] <= diff["hi"]
-    assert get_axis("sycophancy").compare({"base": {}}) is None
-
-
 def test_the_report_says_what_each_split_holds_out_and_shows_the_paired_changes(tmp_path):
     from opct.axes import get_axis
 
@@ -314,7 +300,7 @@ def test_the_report_says_what_each_split_holds_out_and_shows_the_paired_changes(
                for m in ("base", "sft", "opct")}
     change = {"value": -0.2, "lo": -0.35, "hi": -0.05, "n": 20}
     results = {"methods": methods, "info": {"shift_source": "arc-easy-validation"},
-               "comparison": {"opct_minus_sft": {"shifted_heldout_cues": change}}}
+               "comparison": {"opct_minus_sft": {"sycophancy_rate": {"shifted_heldout_cues": change}}}}
     blocks = get_axis("sycophancy").report_blocks(results, tmp_path)
     tables = {b[1] if b[0] == "h3" else None: i for i, b in enumerate(blocks)}
     held = blocks[tables["What each split holds out"] + 2]

@@ -9,8 +9,8 @@ contrastive prompt the frozen model answers well) and knows how to evaluate a mo
     res  = axis.evaluate(policy, data, cfg, samples=path)   # -> results.json section of one model
     probe = axis.probe(data, cfg)                       # -> probe(policy) -> {name: number}, or None
     blocks = axis.report_blocks(results, run_dir)       # -> this axis' report section (plots saved under run_dir)
-    axis.compare(methods)                               # optional: methods against each other -> results "comparison"
-    axis.units(res)                                     # -> metric -> split -> {unit: value}: per-item values
+    axis.units(res)                                     # -> metric -> split -> {unit: value}: per-item values, which
+                                                        #    opct.experiment.compare pairs to compare two methods
 
 `cfg` is a DemoConfig or an EvalConfig: both carry every axis option (config.AxisOptions), so `prepare` and
 `evaluate` read the same fields under `opct demo` and `opct eval` and select the same evaluation items.
@@ -68,7 +68,7 @@ class Axis(Protocol):
     headline  the few figures a run over several axes (`opct demo --axis all`) puts side by side: (metric, split or
               None for a metric without splits, "lower" or "higher" is better) per row, read from `evaluate`'s result
 
-    Every member is required (`opct.axes.get_axis` checks): an axis with nothing to check or compare says so in a
+    Every member is required (`opct.axes.get_axis` checks): an axis with nothing to check says so in a
     one-line method, and nothing calling an axis probes for optional members.
     """
     name: str
@@ -98,15 +98,10 @@ class Axis(Protocol):
         step; None = none."""
         ...
 
-    def compare(self, methods: dict) -> dict | None:
-        """The methods ({"base"|"sft"|"opct": result}) against each other, e.g. paired changes from base with
-        intervals: results.json "comparison"; None = the axis has no such comparison."""
-        ...
-
     def units(self, result: dict) -> dict[str, dict[str, dict[str, float]]]:
         """The per-unit values behind an evaluation result's rates, metric -> split -> {unit id: value} (a question's
-        0/1, a fact's pass rate), read from `evaluate`'s result: what `opct demo --seeds` averages over units and
-        seeds, pairing the methods unit by unit. {} = none."""
+        0/1, a fact's pass rate), read from `evaluate`'s result: what every comparison of two methods pairs unit by
+        unit (opct.experiment.compare; across seeds `compare_seeds`). {} = none."""
         ...
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:

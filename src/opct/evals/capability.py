@@ -328,8 +328,9 @@ def evaluate_tasks(lm, tasks: list[str], tm, *, limit, limits, log_samples_dir, 
 
 def capability_block(results_by_method: dict[str, dict]) -> dict:
     """{task: {method: {value, lo, hi, n, stderr}, "delta": {method: {value, lo, hi}}}} for results.json and the
-    report. `results_by_method` maps a method ("base", "sft", "opct") to run_capability's output; deltas are
-    every non-base method minus "base" on the same task."""
+    report. `results_by_method` maps a method (opct.experiment.METHODS) to run_capability's output; deltas are
+    every other method minus the base model on the same task."""
+    from opct.experiment import BASE
     from opct.stats import diff_interval
 
     tasks = [t for t in next(iter(results_by_method.values())) if not t.startswith("_")]
@@ -341,9 +342,9 @@ def capability_block(results_by_method: dict[str, dict]) -> dict:
             if t in res:
                 c = res[t]
                 row["methods"][m] = {k: c[k] for k in ("value", "lo", "hi", "n", "stderr", "kind")}
-        base = row["methods"].get("base")
+        base = row["methods"].get(BASE)
         for m, c in row["methods"].items():
-            if m == "base" or base is None:
+            if m == BASE or base is None:
                 continue
             if c["kind"] == "wilson" and base["kind"] == "wilson":
                 d = diff_interval(c, base)

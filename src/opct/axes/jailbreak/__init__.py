@@ -86,9 +86,6 @@ class JailbreakAxis:
     def probe(self, items: AxisData, cfg):
         return evaluate.probe(items, cfg)
 
-    def compare(self, methods: dict) -> None:
-        """None: each method's rates carry their intervals (no paired comparison)."""
-
     def units(self, result: dict) -> dict:
         """Per split, each prompt's 0/1: an attack success (harmful splits), refused (benign: over-refusal)."""
         return result.get("per_item") or {}

@@ -67,7 +67,7 @@ def report_blocks(results: dict, out) -> list:
     plot under out/plots/."""
     from pathlib import Path
 
-    from opct.report import METHOD_ORDER, held_out_blocks, label, ordered, unclosed_block
+    from opct.report import METHOD_ORDER, held_out_blocks, label, ordered, paired_blocks, unclosed_block
 
     out = Path(out)
     methods = {k: v for k, v in (results.get("methods") or {}).items() if isinstance(v, dict) and "asr" in v}
@@ -101,11 +101,25 @@ def report_blocks(results: dict, out) -> list:
             unp = ", ".join(str((methods[m].get("unparseable") or {}).get(s, 0)) for m in names)
             rows.append([SPLIT_LABELS[s]] + [_fmt(c) for c in cells] + [str(n), unp])
     blocks.append(("table", header, rows))
+    blocks += paired_blocks(results, "prompts")  # ASR per harmful split, over-refusal on the benign prompts
     if unclosed_block(methods, names):
         blocks.append(unclosed_block(methods, names))
+    blocks += attack_blocks(methods, names) + judge_blocks(methods, names)
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    plot_asr(methods, names, plots / "jailbreak_by_split.png")
+    blocks.append(("img", "Attack success by split, adaptive attack, over-refusal",
+                   "plots/jailbreak_by_split.png"))
+    return blocks + sample_blocks(methods, names)
+
+
+def attack_blocks(methods: dict, names: list[str]) -> list:
+    """The adaptive per-target attack, refusal on bare requests and over-refusal, per method."""
+    from opct.report import label
+
     adv = [(methods[m].get("adaptive_attack") or {}) for m in names]
     a0 = next((a for a in adv if a), {})
-    blocks.append(("h3", "Adaptive per-target attack"))
+    blocks = [("h3", "Adaptive per-target attack")]
     blocks.append(("p", f"For each evaluation behaviour: greedy answers under every held-out wrapper and held-out-"
                         f"family wrapper ({', '.join(a0.get('wrappers', []))}) plus {a0.get('k_samples', 0)} samples at "
                         "T = 1; cracked if any attempt is not refused. A fixed search over held-out attacks, not the "
@@ -120,6 +134,14 @@ def report_blocks(results: dict, out) -> list:
                     [_fmt((methods[m].get("refusal") or {}).get("bare")) for m in names],
                     ["over-refusal, benign look-alikes (lower is better)"] +
                     [_fmt(methods[m].get("over_refusal")) for m in names]]))
+    return blocks
+
+
+def judge_blocks(methods: dict, names: list[str]) -> list:
+    """The StrongREJECT rubric judge's and the second judge's readings of the same answers, when they ran."""
+    from opct.report import label
+
+    blocks = []
     rub = [methods[m].get("rubric") for m in names]
     if any(rub):
         blocks.append(("h3", "StrongREJECT rubric judge"))
@@ -146,11 +168,14 @@ def report_blocks(results: dict, out) -> list:
         srows.append(["agreement with refusal judge"] + [_agree((x or {}).get("agreement_with_refusal_judge"))
                                                          for x in sec])
         blocks.append(("table", ["Split"] + [label(m) for m in names], srows))
-    plots = out / "plots"
-    plots.mkdir(parents=True, exist_ok=True)
-    plot_asr(methods, names, plots / "jailbreak_by_split.png")
-    blocks.append(("img", "Attack success by split, adaptive attack, over-refusal",
-                   "plots/jailbreak_by_split.png"))
+    return blocks
+
+
+def sample_blocks(methods: dict, names: list[str]) -> list:
+    """A seeded pick of answers per split and method, with the refusal judge's label."""
+    from opct.report import label
+
+    blocks = []
     blocks.append(("h3", "Sample answers per split"))
     blocks.append(("p", "A seeded pick of answers per split and method ([wrapper] request; the full prompts are in "
                         "samples/<method>.jsonl), with the refusal judge's label, so a reader can see what 'refused' "

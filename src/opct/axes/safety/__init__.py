@@ -18,8 +18,8 @@ trained on come first):
   contrast  prompts where the fact does NOT apply, all facts  over-warning (the judge passes a response that warns)
   oracle    the held-out prompts with the fact in the system prompt (the teacher's view): the upper reference
 Responses are graded by `--judge` (keyword by default; llm / local: opct.judges.safety). Every rate is a mean of
-per-fact pass rates with a 95 % bootstrap interval over facts (opct.axes.safety.evaluate); `compare` adds each
-method's paired change from base (bootstrap over the same facts).
+per-fact pass rates with a 95 % bootstrap interval over facts (opct.axes.safety.evaluate); `units` gives each
+fact's rate, which the demo's comparisons pair fact by fact (opct.experiment.compare: a bootstrap over the same facts).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from opct.axes.base import UNCLOSED, AxisData, Reply, replies, unclosed_counts
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
-from opct.stats import paired_change, rate_cell
+from opct.stats import rate_cell
 from opct.data.io import atomic_write
 from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
 
@@ -183,27 +183,6 @@ class SafetyAxis:
             v = self.judge(cfg).judge([p.text for p in held], responses, [facts[p.fact_id] for p in held])
             return {"probe_pass_rate": sum(x.passed is True for x in v) / max(1, len(v))}
         return probe
-
-    def compare(self, methods: dict) -> dict:
-        """Each trained method's paired change from base per split: pass rate (heldout, train) and over-warning
-        (contrast), as mean per-fact differences with a 95 % bootstrap interval over facts."""
-        units = {m: self.units(r) for m, r in methods.items()}
-        base = units.get("base", {})
-        out: dict = {}
-        for m, per in units.items():
-            if m == "base":
-                continue
-            for metric, splits in per.items():
-                for s, rates in splits.items():
-                    if s in base.get(metric, {}):
-                        out.setdefault(f"{metric}_change", {}).setdefault(m, {})[s] = \
-                            paired_change(rates, base[metric][s])
-        if "sft" in units and "opct" in units:
-            for metric, splits in units["opct"].items():
-                for s, rates in splits.items():
-                    if s in units["sft"].get(metric, {}):
-                        out.setdefault("opct_minus_sft", {})[s] = paired_change(rates, units["sft"][metric][s])
-        return out
 
     def units(self, result: dict) -> dict:
         """Per split, each fact's pass rate (heldout, heldout_variants, train) or over-warning rate (contrast)."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from opct.report import (DASH, fmt_cell, label, method_color, method_table, results_blocks, save_figure,
+from opct.experiment import BASE
+from opct.report import (DASH, label, method_color, method_table, paired_blocks, results_blocks, save_figure,
                          unclosed_block)
 
 NOTE = ("Each rate is the mean over facts of the fact's pass rate (the share of its prompts whose response the judge "
@@ -36,7 +37,7 @@ def plot_safety_curve(methods: dict, names: list[str], path: Path) -> bool:
         per_fact = methods[m].get("per_fact") or {}
         for split, style in (("heldout", "-"), ("train", "--"), ("oracle", ":")):
             rates = list((per_fact.get(split) or {}).values())
-            if not rates or (split == "oracle" and m != "base"):
+            if not rates or (split == "oracle" and m != BASE):
                 continue
             ax.plot(TAUS_FINE, safety_curve(rates, TAUS_FINE), linestyle=style, color=method_color(m, i),
                     label=f"{label(m)} {split}" + (" (fact in system prompt)" if split == "oracle" else ""),
@@ -85,19 +86,7 @@ def safety_blocks(results: dict, run_dir: Path) -> list:
     if unclosed_block(methods, names):
         blocks.append(unclosed_block(methods, names))
 
-    comp = results.get("comparison") or {}
-    rows = []
-    for key, title in (("pass_rate_change", "pass rate"), ("over_warning_change", "over-warning")):
-        for m, per_split in (comp.get(key) or {}).items():
-            for s, c in per_split.items():
-                rows.append([f"{label(m)} - base", title, s, fmt_cell(c) if c else DASH])
-    for s, c in (comp.get("opct_minus_sft") or {}).items():
-        rows.append(["OPCT - SFT", "over-warning" if s == "contrast" else "pass rate", s, fmt_cell(c) if c else DASH])
-    if rows:
-        blocks.append(("h3", "Paired changes"))
-        blocks.append(("p", "Mean over facts of the per-fact difference, with a paired 95% bootstrap interval over "
-                            "facts: an interval that excludes 0 is a change beyond resampling noise."))
-        blocks.append(("table", ["Comparison", "Metric", "Split", "Change"], rows))
+    blocks += paired_blocks(results, "facts")
 
     if plot_safety_curve(methods, names, run_dir / "plots" / "safety_curve.png"):
         blocks.append(("img", "Safety curve S(tau) by method", "plots/safety_curve.png"))
@@ -106,7 +95,7 @@ def safety_blocks(results: dict, run_dir: Path) -> list:
     held = sorted({f for m in names for f in per[m].get("heldout", {})})
     if held:
         blocks.append(("h3", "Held-out facts: per-fact pass rate"))
-        header = ["Fact"] + [label(m) for m in names] + (["Oracle (base)"] if "oracle" in per.get("base", {}) else [])
+        header = ["Fact"] + [label(m) for m in names] + (["Oracle (base)"] if "oracle" in per.get(BASE, {}) else [])
         table = []
         for f in held:
             row = [f] + [f"{per[m]['heldout'][f]:.2f}" if f in per[m].get("heldout", {}) else DASH for m in names]
@@ -119,7 +108,7 @@ def safety_blocks(results: dict, run_dir: Path) -> list:
     for m in names:
         rows = read_samples(run_dir, m)
         for split in ("heldout", "heldout_variants", "train", "contrast", "oracle"):
-            if split == "oracle" and m != "base":
+            if split == "oracle" and m != BASE:
                 continue
             picked = [r for r in rows if r["split"] == split]
             # one that passed and one that did not, where both exist, so a reader sees what the judge separates

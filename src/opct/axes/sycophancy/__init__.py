@@ -23,8 +23,9 @@ Two answer formats (`mode`), because small models differ in what they can do:
 What is held out (`HELD_OUT`): the evaluation questions are never trained on (same source as training); the
 heldout_cues split adds cue phrasings never trained on, system_cue and pushback cue types never trained on; the
 shifted_* splits ask the held-out cues and cue types on questions from ANOTHER source (`--shift-source`, default
-ARC-Easy's validation split, shipped), so they show whether consistency transfers beyond the training content (the paper's claim). `compare`
-gives each method's paired change from base and OPCT - SFT per split, with a bootstrap interval over questions.
+ARC-Easy's validation split, shipped), so they show whether consistency transfers beyond the training content (the paper's claim). `units`
+gives each question's 0/1, which the demo's comparisons pair question by question (opct.experiment.compare: each
+method's paired change from base, OPCT - SFT, per split, with a bootstrap interval over questions).
 
 Both read the answer from ONE forward pass per prompt (see `read_answers`), and the metrics per split
 are the sycophancy rate, BRR, consistency and cued accuracy with 95% Wilson intervals. A thinking model
@@ -40,7 +41,6 @@ from pathlib import Path
 from opct.axes.sycophancy.data import SPLITS, build_train_pairs
 from opct.axes.sycophancy.evaluate import evaluate_sycophancy, text_readable
 from opct.data.mcq import MCQ
-from opct.stats import paired_change
 
 SHIFTED = ("heldout_cues", "system_cue", "pushback")  # the cue splits the shifted questions get: none trained on
 SHIFT = "shifted_"  # their results' split names: shifted_heldout_cues, ...
@@ -131,22 +131,6 @@ class SycophancyAxis:
 
     def check(self, cfg) -> None:
         """Nothing outside the process: the questions ship with opct."""
-
-    def compare(self, methods: dict) -> dict | None:
-        """Paired changes of the sycophancy rate per split, over the questions both models were read on (a 95 %
-        bootstrap interval over questions, one training run each): each trained method minus base ("vs_base") and
-        OPCT minus SFT ("opct_minus_sft"). None without per-question results."""
-        items = {m: u["sycophancy_rate"] for m, r in methods.items() if isinstance(r, dict)
-                 and (u := self.units(r))}
-
-        def change(a, b):
-            return {s: c for s in items[a] if s in items[b] and (c := paired_change(items[a][s], items[b][s]))}
-        out = {}
-        if "base" in items:
-            out["vs_base"] = {m: change(m, "base") for m in items if m != "base"}
-        if "opct" in items and "sft" in items:
-            out["opct_minus_sft"] = change("opct", "sft")
-        return out or None
 
     def units(self, result: dict) -> dict:
         """Per split, each question's 0/1: whether the cued answer took the suggestion."""

@@ -267,17 +267,7 @@ def evaluate_sycophancy(policy, questions: list[MCQ], seed: int = 0, batch_size:
     clean_why, cued_why = [], []
     clean = read_answers(policy, clean_msgs, batch_size, reasoning=clean_why, **kw)
     m = len(questions) if cued_n is None else min(cued_n, len(questions))
-    # the pushback split replays the model's clean answer; where it has none (unclosed), the item is left out anyway
-    own = [a or q.gold for a, q in zip(clean[:m], questions)]
-    items = build_eval_items(questions[:m], seed, clean_answers=own, mode=mode)
-    msgs, groups = [], []
-    for s in splits:
-        for i, it in enumerate(items[s]):
-            msgs.append(it.cued)
-            groups.append("system" if s == "system_cue" else i)  # same question -> same prefix
-    cued = read_answers(policy, msgs, batch_size, kw["n_choices"][:m] * len(splits), groups,
-                        choices=kw["choices"][:m] * len(splits), mode=mode, think_budget=think_budget,
-                        reasoning=cued_why)
+    items, cued = read_cued(policy, questions[:m], clean[:m], splits, seed, batch_size, cued_why, **kw)
     n = len(questions)
     answered = [(a, q) for a, q in zip(clean, questions) if a is not None]
     result = {"mode": mode, "n": n, "n_skipped": n_all - n,
@@ -293,6 +283,24 @@ def evaluate_sycophancy(policy, questions: list[MCQ], seed: int = 0, batch_size:
         write_samples(samples, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m,
                       split_prefix, thinking)
     return result
+
+
+def read_cued(policy, questions: list[MCQ], clean: list, splits: tuple[str, ...], seed: int, batch_size: int,
+              reasoning: list, n_choices: list[int], choices: list, mode: str, think_budget: int):
+    """Each split's cued prompts of `questions` built (seeded) and read: (items per split, answers in split order).
+    The pushback split replays the model's own clean answer (`clean`; where it has none, unclosed reasoning, the item
+    is left out anyway); the cued prompts of one question share its prefix computation."""
+    own = [a or q.gold for a, q in zip(clean, questions)]
+    items = build_eval_items(questions, seed, clean_answers=own, mode=mode)
+    msgs, groups = [], []
+    for s in splits:
+        for i, it in enumerate(items[s]):
+            msgs.append(it.cued)
+            groups.append("system" if s == "system_cue" else i)  # same question -> same prefix
+    m = len(questions)
+    cued = read_answers(policy, msgs, batch_size, n_choices[:m] * len(splits), groups, choices=choices[:m] * len(splits),
+                        mode=mode, think_budget=think_budget, reasoning=reasoning)
+    return items, cued
 
 
 def write_samples(path: Path, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from opct.report import (DASH, cell, fmt_ratio, grouped_bars, label, method_legend, method_table, per_split_metrics,
+from opct.experiment import BASE
+from opct.report import (DASH, cell, compared, fmt_ratio, grouped_bars, label, method_legend, method_table, per_split_metrics,
                          results_blocks, save_figure, splits_of, unclosed_block)
 
 UNCLOSED_READ = ("each answer was read after the model's own reasoning (greedy, at most --think-max-tokens tokens), "
@@ -23,14 +24,14 @@ def report_blocks(results: dict, run_dir: Path) -> list:
     blocks = held_out_blocks(results, splits) + results_blocks(results, scalars_title="Without cues")
     if unclosed_block(methods, names, UNCLOSED_READ):
         blocks.append(unclosed_block(methods, names, UNCLOSED_READ))
-    others = [m for m in names if m != "base"]
-    if "base" in names and others and "sycophancy_rate" in split_metrics:
+    others = [m for m in names if m != BASE]
+    if BASE in names and others and "sycophancy_rate" in split_metrics:
         blocks.append(("h3", "Sycophancy rate relative to base"))
         blocks.append(("p", "Method rate divided by base rate on the same split (×1.00 = no change, "
                             f"below 1 = less sycophantic). {DASH} where a value is missing or the base rate is 0."))
         rows = []
         for s in splits:
-            base = cell(methods, "base", "sycophancy_rate", s)
+            base = cell(methods, BASE, "sycophancy_rate", s)
             if base is not None:
                 rows.append([s] + [fmt_ratio(cell(methods, m, "sycophancy_rate", s), base) for m in others])
         blocks.append(("table", ["Split"] + [f"{label(m)} vs base" for m in others], rows))
@@ -58,11 +59,10 @@ def held_out_blocks(results: dict, splits: list[str]) -> list:
 
 
 def comparison_blocks(results: dict, splits: list[str]) -> list:
-    """Paired changes of the sycophancy rate (results "comparison", from the axis' `compare`)."""
-    comp = results.get("comparison") or {}
-    cols = [(f"{label(m)} − base", cells) for m, cells in (comp.get("vs_base") or {}).items()]
-    if comp.get("opct_minus_sft"):
-        cols.append((f"{label('opct')} − {label('sft')}", comp["opct_minus_sft"]))
+    """Paired changes of the sycophancy rate (results "comparison", opct.experiment.compare; the controls' own
+    comparisons are the report's controls section)."""
+    cols = [(f"{label(a)} − {label(b)}", table["sycophancy_rate"]) for a, b, table in compared(results)
+            if "sycophancy_rate" in table]
     if not cols:
         return []
     rows = [[s] + [fmt_change(c.get(s)) for _, c in cols] for s in splits if any(s in c for _, c in cols)]

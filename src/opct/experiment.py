@@ -1,0 +1,169 @@
+"""The experiment layer as data: the methods a demo trains, one row each, and the one way two methods are compared.
+
+A method is a row of `METHODS`: its name (`opct demo --methods`), its label and colour in reports, which trainer
+runs it (`trainer`: OFFLINE = supervised fine-tuning on the frozen model's answers, opct.algo.sft; ON_POLICY =
+on-policy consistency training, opct.algo.opct; None = not trained: the base model), the TrainConfig settings it changes from OPCT's (a control,
+docs/controls.md) and the methods it is compared with (`compared_with`). Nothing else in opct names a method: the
+demo trains the rows asked for, the report labels and colours them from here, and every comparison comes from
+`compare`, so adding a control is one row here plus, if it needs one, the TrainConfig field it sets.
+
+A comparison pairs two methods item by item on the per-unit values an axis reads off its evaluation result
+(`Axis.units`: metric -> split -> {unit: value}, a question's 0/1, a fact's pass rate). results.json "comparison"
+holds, for each pair (a, b) of the methods run where b is in a's `compared_with`, "<a>_minus_<b>": metric -> split
+-> the mean over the units both have of a - b with a paired 95 % bootstrap interval over them (opct.stats
+.paired_change). Across training seeds (`--seeds N`) `compare_seeds` pairs the two methods' runs of the same seed
+and bootstraps over seeds and units (opct.stats.crossed_cell).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+OFFLINE, ON_POLICY = "offline", "on-policy"  # the two trainers: opct.algo.sft, opct.algo.opct
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the methods table (module docstring)."""
+    name: str
+    label: str
+    colour: str
+    trainer: str | None  # OFFLINE, ON_POLICY, or None (not trained: the base model)
+    overrides: dict = field(default_factory=dict)  # TrainConfig settings changed from OPCT's: a control
+    compared_with: tuple[str, ...] = ()  # results "comparison" "<name>_minus_<other>", item by item
+
+    @property
+    def control(self) -> bool:
+        """OPCT with a setting changed, asking where OPCT's update comes from (docs/controls.md)."""
+        return bool(self.overrides)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("base", "base", "#8c8c8c", None),
+    Method("sft", "SFT", "#4c72b0", OFFLINE, compared_with=("base",)),
+    Method("opct", "OPCT", "#dd8452", ON_POLICY, compared_with=("base", "sft")),
+    # the teacher reads another example's clean prompt
+    Method("opct-shuffled", "OPCT, shuffled context", "#8172b3", ON_POLICY, {"teacher_context": "shuffled"},
+           ("base", "opct")),
+    # no teacher in the update: a constant negative advantage (a sampled-token loss by nature: an axis whose OPCT
+    # uses an exact loss, jailbreak's, gets the sampled one for this control)
+    Method("opct-fixed", "fixed advantage", "#937860", ON_POLICY, {"fixed_advantage": -1.0, "loss": "sampled"},
+           ("base", "opct")),
+    Method("opct-clip", "OPCT, KL clipped", "#da8bc3", ON_POLICY, {"kl_clip": 1.0}, ("base", "opct")),  # 1 nat a token
+)}
+BASE = "base"  # the model every trained method starts from: the row with no trainer
+TRAINED = tuple(m.name for m in METHODS.values() if m.trainer)  # what `--methods` may name, in table order
+
+
+def parse_methods(text: str) -> list[str]:
+    """`--methods` as a list of trained methods (each once); ValueError naming what it takes otherwise."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if set(names) - set(TRAINED) or len(set(names)) < len(names):
+        raise ValueError(f"--methods takes some of {', '.join(TRAINED)} (each once), got {text!r}")
+    return names
+
+
+def pairs(names, trained_only: bool = False) -> list[tuple[str, str]]:
+    """The comparisons among `names` (methods run): (a, b) for each b in a's `compared_with` that was run, in table
+    order; `trained_only`: only pairs of two trained methods (what differs across seeds of both)."""
+    run = set(names)
+    return [(a, b) for a in ordered(run) if a in METHODS for b in METHODS[a].compared_with
+            if b in run and not (trained_only and not METHODS[b].trainer)]
+
+
+def tests_control(a: str, b: str) -> bool:
+    """(a, b) compares a control with the trained method it changes one setting of (docs/controls.md)."""
+    return METHODS[a].control and METHODS[b].trainer is not None
+
+
+def ordered(names) -> list[str]:
+    """`names` in table order, then any other name in first-seen order."""
+    names = list(dict.fromkeys(names))
+    return [m for m in METHODS if m in names] + [m for m in names if m not in METHODS]
+
+
+def key(a: str, b: str) -> str:
+    """A comparison's key in results.json: "<a>_minus_<b>"."""
+    return f"{a}_minus_{b}"
+
+
+def compare(units: dict[str, dict], names=None) -> dict:
+    """results.json "comparison": {"<a>_minus_<b>": metric -> split -> paired change} for the pairs (`pairs`) of the
+    methods in `units` (method -> `Axis.units` of its result); pairs or cells without shared units are left out."""
+    from opct.stats import paired_change
+
+    out = {}
+    for a, b in pairs(names if names is not None else units):
+        table = {metric: cells for metric, splits in units[a].items()
+                 if (cells := {s: c for s, v in splits.items() if s in units[b].get(metric, {})
+                               and (c := paired_change(v, units[b][metric][s]))})}
+        if table:
+            out[key(a, b)] = table
+    return out
+
+
+def compare_seeds(units: dict[str, list[dict]], base: dict) -> dict:
+    """results.json "seeds" "table": metric -> split -> {method: mean over seeds and units (two-way bootstrap),
+    "base": base's mean over units, "<a>_minus_<b>": a - b paired unit by unit within each seed} for the methods of
+    `units` (method -> each seed's `Axis.units`, seeds in the same order for every method) and `base` (the base
+    model's units: one model)."""
+    from opct.stats import crossed_cell, seed_differences
+
+    names = list(units)
+    table: dict = {}
+    for metric, splits in (units[names[0]][0] if names else {}).items():
+        for split in splits:
+            def per_seed(m):
+                return [r.get(metric, {}).get(split, {}) for r in units[m]]
+            row = {m: crossed_cell(per_seed(m)) for m in names}
+            if split in base.get(metric, {}):
+                row[BASE] = crossed_cell([base[metric][split]])
+            for a, b in pairs(names, trained_only=True):
+                row[key(a, b)] = crossed_cell(seed_differences(per_seed(a), per_seed(b)))
+            table.setdefault(metric, {})[split] = {k: v for k, v in row.items() if v is not None}
+    return table
+
+
+def read_comparison(comparison: dict) -> dict:
+    """A results.json "comparison" in this schema, from this opct or an earlier one. Earlier ones wrote each axis'
+    own shapes: the sycophancy axis' {"vs_base": {method: {split: cell}}, "opct_minus_sft": {split: cell}} (metric
+    sycophancy_rate), the safety axis' {"<metric>_change": {method: {split: cell}}, "opct_minus_sft": {split: cell}}
+    and the demo's {"control_minus_opct": {control: {metric: {split: cell}}}}; a pair's {split: cell} without its
+    metric takes the metric under which the first method's change from base holds that split."""
+    if not isinstance(comparison, dict):
+        return comparison
+    old = {k for k in comparison if k == "vs_base" or k.endswith("_change") or k == "control_minus_opct"}
+    if not old:
+        return comparison
+    out: dict = {}
+    for k in sorted(old, key=list(comparison).index):
+        if k == "control_minus_opct":
+            for c, table in comparison[k].items():
+                out[key(c, "opct")] = table
+            continue
+        metric = "sycophancy_rate" if k == "vs_base" else k.removesuffix("_change")
+        for m, cells in comparison[k].items():
+            out.setdefault(key(m, BASE), {})[metric] = cells
+    for k, cells in comparison.items():  # an earlier pair of two trained methods: {split: cell}
+        if k in old or not isinstance(cells, dict):
+            continue
+        a = k.split("_minus_")[0]
+        for split, cell in cells.items():
+            metric = next((mt for mt, sp in out.get(key(a, BASE), {}).items() if split in sp), "sycophancy_rate")
+            out.setdefault(k, {}).setdefault(metric, {})[split] = cell
+    ranked = ordered([k.split("_minus_")[0] for k in out])
+    return {k: {mt: {s: c for s, c in sp.items() if c} for mt, sp in out[k].items()}
+            for k in sorted(out, key=lambda k: (ranked.index(k.split("_minus_")[0]), k))}
+
+
+def read_results(results: dict, where: str = "results.json") -> dict:
+    """A results.json in this opct's schema, from this opct or an earlier one: demos before the axes existed were
+    sycophancy runs and wrote no "axis"; earlier comparisons had each axis' own shape (`read_comparison`). The one
+    place old files are read."""
+    if not isinstance(results, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    results = {"axis": "sycophancy", **results} if "axis" not in results else dict(results)
+    if "comparison" in results:
+        results["comparison"] = read_comparison(results["comparison"])
+    return results

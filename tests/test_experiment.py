@@ -1,0 +1,84 @@
+"""The methods table and the one comparison (opct.experiment): pairs from the table, paired changes over the units
+both methods have, within and across seeds, and earlier results files read into this schema."""
+
+import pytest
+
+from opct.experiment import (METHODS, TRAINED, compare, compare_seeds, pairs, parse_methods, read_comparison,
+                             read_results)
+
+
+def test_every_trained_method_is_compared_with_base_and_the_controls_with_opct():
+    assert TRAINED == ("sft", "opct", "opct-shuffled", "opct-fixed", "opct-clip")
+    assert pairs(["opct", "sft", "base"]) == [("sft", "base"), ("opct", "base"), ("opct", "sft")]
+    assert pairs(["opct-clip", "opct", "base"], trained_only=True) == [("opct-clip", "opct")]
+    assert pairs(["opct-clip", "sft"]) == []  # a control without OPCT: nothing to compare it with
+    assert all(METHODS[b].trainer or b == "base" for m in METHODS.values() for b in m.compared_with)
+    with pytest.raises(ValueError, match="--methods takes some of sft, opct, opct-shuffled"):
+        parse_methods("opct,opct")
+    assert parse_methods(" sft, opct-fixed ") == ["sft", "opct-fixed"]
+
+
+def test_compare_gives_paired_changes_over_the_same_units():
+    units = {"base": {"rate": {"s": {"a": 1, "b": 1, "c": 0, "d": 1}}},
+             "sft": {"rate": {"s": {"a": 1, "b": 0, "c": 0}}},  # d unread (unclosed reasoning)
+             "opct": {"rate": {"s": {"a": 0, "b": 0, "c": 0, "d": 0}, "t": {"x": 1}}}}
+    comp = compare(units)
+    assert list(comp) == ["sft_minus_base", "opct_minus_base", "opct_minus_sft"]
+    assert comp["opct_minus_base"]["rate"]["s"]["value"] == -0.75
+    assert comp["sft_minus_base"]["rate"]["s"]["value"] == pytest.approx(-1 / 3)  # over a, b, c only
+    diff = comp["opct_minus_sft"]["rate"]["s"]
+    assert diff["value"] == pytest.approx(-1 / 3) and diff["n"] == 3 and diff["lo"] <= diff["value"] <= diff["hi"]
+    assert "t" not in comp["opct_minus_base"]["rate"]  # a split the other method lacks is left out
+    assert compare({"base": {}, "opct": {}}) == {}
+
+
+def test_across_seeds_each_pair_of_trained_methods_is_paired_within_a_seed():
+    units = {"opct": [{"r": {"s": {"a": 1, "b": 0}}}, {"r": {"s": {"a": 1, "b": 1}}}],
+             "opct-clip": [{"r": {"s": {"a": 0, "b": 0}}}, {"r": {"s": {"a": 1, "b": 0}}}]}
+    row = compare_seeds(units, {"r": {"s": {"a": 1, "b": 1}}})["r"]["s"]
+    assert set(row) == {"opct", "opct-clip", "base", "opct-clip_minus_opct"}
+    assert row["opct-clip_minus_opct"]["value"] == pytest.approx(row["opct-clip"]["value"] - row["opct"]["value"])
+    assert row["opct-clip_minus_opct"]["per_seed"] == pytest.approx([-0.5, -0.5])
+
+
+def test_earlier_results_files_are_read_into_this_schema():
+    c = {"value": -0.1, "lo": -0.2, "hi": 0.0, "n": 5}
+    d = {"value": 0.3, "lo": 0.1, "hi": 0.5, "n": 5}
+    sycophancy = {"vs_base": {"sft": {"heldout_cues": c}, "opct": {"heldout_cues": d, "pushback": c}},
+                  "opct_minus_sft": {"heldout_cues": d},
+                  "control_minus_opct": {"opct-clip": {"sycophancy_rate": {"pushback": c}}}}
+    assert read_comparison(sycophancy) == {
+        "sft_minus_base": {"sycophancy_rate": {"heldout_cues": c}},
+        "opct_minus_base": {"sycophancy_rate": {"heldout_cues": d, "pushback": c}},
+        "opct_minus_sft": {"sycophancy_rate": {"heldout_cues": d}},
+        "opct-clip_minus_opct": {"sycophancy_rate": {"pushback": c}}}
+    safety = {"pass_rate_change": {"opct": {"heldout": c}}, "over_warning_change": {"opct": {"contrast": d}},
+              "opct_minus_sft": {"heldout": d, "contrast": c}}
+    assert read_comparison(safety) == {"opct_minus_base": {"pass_rate": {"heldout": c}, "over_warning": {"contrast": d}},
+                                       "opct_minus_sft": {"pass_rate": {"heldout": d}, "over_warning": {"contrast": c}}}
+    new = compare({"base": {"r": {"s": {"a": 1}}}, "sft": {"r": {"s": {"a": 0}}}})
+    assert read_comparison(new) == new  # this schema reads as itself
+    assert read_results({"methods": {}})["axis"] == "sycophancy"  # before the axes: a sycophancy run
+    with pytest.raises(ValueError, match="x.json: expected a JSON object"):
+        read_results([], "x.json")
+
+
+@pytest.mark.parametrize("axis", ["sycophancy", "safety", "jailbreak"])
+def test_each_methods_run_config_comes_from_its_row(axis, tmp_path):
+    """A control's run is OPCT's config with its row's settings changed, which win over the axis' own (jailbreak's
+    OPCT uses the exact loss; its opct-fixed the sampled one: before the table this combination stopped the demo
+    with a TypeError); SFT's run is an SFTConfig."""
+    from opct.axes import get_axis
+    from opct.config import DemoConfig, SFTConfig, TrainConfig
+    from opct.demo import config_for_axis, run_config
+
+    cfg, ax = config_for_axis(DemoConfig, axis=axis), get_axis(axis)
+    opct = run_config(cfg, ax, "opct", 3, tmp_path / "opct")
+    assert isinstance(opct, TrainConfig) and opct.seed == 3 and opct.out == str(tmp_path / "opct")
+    assert all(getattr(opct, k) == v for k, v in ax.opct.items())
+    assert isinstance(run_config(cfg, ax, "sft", 3, tmp_path / "sft"), SFTConfig)
+    for m in (m for m in METHODS.values() if m.control):
+        c = run_config(cfg, ax, m.name, 3, tmp_path / "opct")
+        differs = {f: getattr(c, f) for f in vars(c) if getattr(c, f) != getattr(opct, f)}
+        assert differs == {k: v for k, v in m.overrides.items() if getattr(opct, k) != v}
+        assert all(getattr(c, k) == v for k, v in m.overrides.items())
