@@ -23,10 +23,11 @@ from pathlib import Path
 
 import yaml
 
+from opct.errors import UserError
 from opct.train import trackers
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     pass
 
 
