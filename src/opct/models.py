@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from opct.data.io import cache_dir, sha256_file
+from opct.errors import UserError
 
 SMOLLM2 = {
     "alias": "smollm2-135m-instruct",
@@ -56,7 +57,7 @@ ALIASES = {spec["alias"]: spec for spec in (SMOLLM2, QWEN25_CODER_05B)}
 HINT = f"--model takes a built-in alias ({', '.join(ALIASES)}), a .gguf file, a local directory or a Hub id"
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """The model name or files cannot be used; the message says why and what to do."""
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 
+from opct.errors import UserError
+
 AXES = {
     "sycophancy": "opct.axes.sycophancy:SycophancyAxis",
     "safety": "opct.axes.safety:SafetyAxis",
@@ -15,7 +17,7 @@ AXES = {
 }
 
 
-class AxisError(ValueError):
+class AxisError(UserError, ValueError):
     """An unknown axis name, or an axis class that lacks a member of the interface."""
 
 

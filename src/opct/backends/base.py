@@ -35,11 +35,12 @@ from typing import Any, Callable
 import torch
 
 from opct.backends.sampling import SamplingSettings
+from opct.errors import UserError
 from opct.train.distributed import SINGLE, Replicas
 from opct.data.reasoning import ThinkTags
 
 
-class BackendError(ValueError):
+class BackendError(UserError, ValueError):
     """The device, dtype or backend asked for cannot be used here; the message says why."""
 
 

@@ -25,6 +25,7 @@ import torch
 from opct.backends.base import Policy, Rollout
 from opct.backends.vllm_sampler import (DEFAULT_MAX_MODEL_LEN, loads_adapters, max_lora_rank, unauthorized,
                                         unreachable)
+from opct.errors import MachineError
 
 
 def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
@@ -32,7 +33,7 @@ def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
     return max(DEFAULT_MAX_MODEL_LEN, max(prompt_lengths, default=0) + max_new_tokens)
 
 
-class SamplerStaleError(RuntimeError):
+class SamplerStaleError(MachineError, RuntimeError):
     """The vLLM sampler does not serve the weights being trained (a weight sync that did not take effect)."""
 
 

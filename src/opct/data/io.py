@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
+from opct.errors import MachineError
+
 
 def cache_dir() -> Path:
     """Where opct keeps downloaded wheels, extracted data and dense model copies: $OPCT_CACHE or ~/.cache/opct
@@ -26,7 +28,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-class WriteError(RuntimeError):
+class WriteError(MachineError, RuntimeError):
     """An output could not be written (disk full, quota, read-only file system, ...). The message names the path;
     the writers that raise it leave nothing partial in that path's place."""
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opct.data.io import cache_dir, jsonl_objects, sha256_file
+from opct.errors import UserError
 
 LETTERS = "ABCDEFGHIJ"
 
@@ -53,7 +54,7 @@ FIXTURE_SOURCES = {  # small committed subsets (see fixtures/NOTICE.md): no down
 }
 
 
-class McqError(ValueError):
+class McqError(UserError, ValueError):
     """Bad MCQ input or source. For files the message names file:line and the field."""
 
 

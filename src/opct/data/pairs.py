@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opct.data.io import atomic_write, jsonl_objects
+from opct.errors import UserError
 
 ROLES = ("system", "user", "assistant")
 
 
-class PairsError(ValueError):
+class PairsError(UserError, ValueError):
     """Bad pairs input. The message names the file, line and field."""
 
 

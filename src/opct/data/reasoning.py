@@ -27,12 +27,14 @@ from typing import NamedTuple
 
 import torch
 
+from opct.errors import UserError
+
 AUTO_TAGS = ("<think>", "</think>")
 HARMONY = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant<|channel|>final<|message|>")
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")  # each one (special) token of gpt-oss's
 
 
-class ReasoningError(ValueError):
+class ReasoningError(UserError, ValueError):
     pass
 
 

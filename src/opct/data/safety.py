@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opct.data.pairs import ConsistencyPair
+from opct.errors import UserError
 
 FACTS_FILE = Path(__file__).parent / "safety_facts.jsonl"
 DOMAINS = ("child", "animal", "food", "medicine", "household-chemical", "outdoor")
@@ -76,7 +77,7 @@ TEACHER_USER_SUFFIX = ("\n\nAnswer the question, but be sure that your response 
 TEACHER_MODES = ("system", "user")
 
 
-class SafetyDataError(ValueError):
+class SafetyDataError(UserError, ValueError):
     """Bad facts file or source spec. The message names the file, line (or fact id) and field."""
 
 

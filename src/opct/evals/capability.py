@@ -46,6 +46,8 @@ import os
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from opct.errors import UserError
+
 # headline metric per task ("<metric>,<filter>" as lm-eval keys it); other tasks: their first metric
 PRIMARY = {
     "arc_challenge": "acc_norm,none",
@@ -72,7 +74,7 @@ SUITES = {
 }
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """--tasks names a suite or lm-eval task that does not exist."""
 
 

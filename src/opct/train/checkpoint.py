@@ -42,13 +42,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from opct.data.io import sha256_file, write_failure
+from opct.errors import UserError
 from opct.train import distributed
 
 MANIFEST = "manifest.json"
 SHARDS = "dcp"  # the subdirectory of an FSDP2 checkpoint that torch.distributed.checkpoint writes
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint cannot be used; the message names the file and why."""
 
 

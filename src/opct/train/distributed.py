@@ -28,8 +28,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from opct.errors import UserError
 
-class DistributedError(RuntimeError):
+
+class DistributedError(UserError, RuntimeError):
     """A distributed setting that cannot work (the message says why)."""
 
 

@@ -36,12 +36,13 @@ from opct.data import reasoning
 from opct.data.io import atomic_write, write_json
 from opct.data.formats import read_pairs
 from opct.data.pairs import ConsistencyPair, PairsError, render_prompt
+from opct.errors import UserError
 from opct.models import add_lora, load_model
 from opct.train import checkpoint, distributed, trackers
 from opct.train.metrics import MetricsLog, peak_rss_mb
 
 
-class RunError(RuntimeError):
+class RunError(UserError, RuntimeError):
     """The run cannot start (bad output directory, config, ...)."""
 
 

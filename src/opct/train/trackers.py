@@ -24,12 +24,13 @@ import sys
 from pathlib import Path
 
 from opct.data.io import atomic_write
+from opct.errors import UserError
 from opct.extras import MissingExtra, require
 
 TRACKERS = ("tensorboard", "wandb", "trackio")
 
 
-class TrackerError(RuntimeError):
+class TrackerError(UserError, RuntimeError):
     """A tracker --report-to names could not start (the CLI: one line, exit status 2)."""
 
 
