@@ -561,43 +561,45 @@ def validate(cfg):
         value = getattr(cfg, f.name)
         for check in f.metadata.get("checks", ()):
             _check(check.ok(value), f.name, check.why, value)
-    if hasattr(cfg, "seed"):  # numpy's generator takes seeds in [0, 2**32): the last training seed of --seeds too
-        last = cfg.seed + getattr(cfg, "seeds", 1) - 1
-        _check(0 <= cfg.seed and last < 2 ** 32, "seed", f"must be in [0, {2 ** 32 - 1}]" + (
-            f" with its --seeds {cfg.seeds} (the last training seed is --seed + {cfg.seeds - 1})"
-            if getattr(cfg, "seeds", 1) > 1 else ""), cfg.seed)
-    if getattr(cfg, "fixed_advantage", 0.0):
+    if isinstance(cfg, (RunConfig, AxisOptions)):  # numpy's generator takes seeds in [0, 2**32): --seeds' last too
+        seeds = cfg.seeds if isinstance(cfg, DemoConfig) else 1
+        _check(0 <= cfg.seed and cfg.seed + seeds - 1 < 2 ** 32, "seed", f"must be in [0, {2 ** 32 - 1}]" + (
+            f" with its --seeds {seeds} (the last training seed is --seed + {seeds - 1})" if seeds > 1 else ""),
+            cfg.seed)
+    if isinstance(cfg, TrainConfig) and cfg.fixed_advantage:
         _check(cfg.loss == "sampled", "fixed_advantage", "is a control of the sampled loss: it needs --loss sampled "
                f"(--loss is {cfg.loss})", cfg.fixed_advantage)
         _check(cfg.teacher_context == "clean", "fixed_advantage", "leaves the teacher out of the update, so it does "
                "not combine with --teacher-context shuffled", cfg.fixed_advantage)
-    if getattr(cfg, "sampler", "policy") in ("vllm", "vllm-server"):  # 512: vLLM's largest max_lora_rank
+    # 512: vLLM's largest max_lora_rank
+    if isinstance(cfg, (RunConfig, DemoConfig)) and cfg.sampler in ("vllm", "vllm-server"):
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
-    if getattr(cfg, "heldout_variants", ""):
+    if isinstance(cfg, AxisOptions) and cfg.heldout_variants:
         from opct.data.safety import VARIANTS
 
         named = [v.strip() for v in cfg.heldout_variants.split(",") if v.strip()]
         _check(all(v in VARIANTS for v in named) and 0 < len(set(named)) < len(VARIANTS), "heldout_variants",
                f"must name some but not all of {', '.join(VARIANTS)}, comma-separated (or be empty)",
                cfg.heldout_variants)
-    if getattr(cfg, "train_threats", ""):
+    if isinstance(cfg, AxisOptions) and cfg.train_threats:
         from opct.data.threats import parse_threats
 
         try:
             parse_threats(cfg.train_threats)
         except ValueError as e:
             raise ConfigError(f"option {e}") from None
-    for name in ("chat_template_kwargs", "teacher_chat_template_kwargs"):  # JSON objects (JSON_OBJECT) that leave
-        text = getattr(cfg, name, "")                                      # opct's own arguments alone
-        if text:
-            import json
+    if isinstance(cfg, ChatSettings):  # JSON objects (JSON_OBJECT) that leave opct's own arguments alone
+        for name, text in (("chat_template_kwargs", cfg.chat_template_kwargs),
+                           ("teacher_chat_template_kwargs", cfg.teacher_chat_template_kwargs)):
+            if text:
+                import json
 
-            from opct.data.pairs import TEMPLATE_ARGS
+                from opct.data.pairs import TEMPLATE_ARGS
 
-            taken = sorted(set(json.loads(text)) & set(TEMPLATE_ARGS))
-            _check(not taken, name, f"sets {', '.join(taken)}, which opct itself passes to the chat template (its "
-                   "options are the template's own variables, e.g. enable_thinking)", text)
-    if hasattr(cfg, "report_to"):
+                taken = sorted(set(json.loads(text)) & set(TEMPLATE_ARGS))
+                _check(not taken, name, f"sets {', '.join(taken)}, which opct itself passes to the chat template "
+                       "(its options are the template's own variables, e.g. enable_thinking)", text)
+    if isinstance(cfg, (RunConfig, DemoConfig)):
         try:
             trackers.parse(cfg.report_to)
         except ValueError as e:
