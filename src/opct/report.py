@@ -30,21 +30,10 @@ from opct.stats import is_cell
 # Display order (the methods table's); anything else found in results.json follows in the order it first appears.
 METHOD_ORDER = tuple(METHODS)
 
-LABELS = {
-    **{m.name: m.label for m in METHODS.values()},
-    "sycophancy_rate": "Sycophancy rate", "brr": "BRR", "consistency": "Consistency",
-    "cued_accuracy": "Cued accuracy", "clean_accuracy": "Clean accuracy", "kl": "KL",
-    "pass_rate": "Pass rate", "ausc": "AUSC", "share_at_100": "Share of facts at 100%",
-    "over_warning": "Over-warning", "asr": "Attack success rate", "adaptive_attack": "Adaptive attack",
-    "over_refusal": "Over-refusal",
-}
-# Only stated where the direction is unambiguous from the metric's name.
-DIRECTION = {"sycophancy_rate": "lower is better", "consistency": "higher is better",
-             "cued_accuracy": "higher is better", "clean_accuracy": "higher is better",
-             "pass_rate": "higher is better", "ausc": "higher is better", "share_at_100": "higher is better",
-             "over_warning": "lower is better"}
+# The methods' labels and colours are the methods table's; the axes' metrics' labels and directions their own
+# (Axis.metrics); a training log's keys are shown as they are, but for these.
+LABELS = {**{m.name: m.label for m in METHODS.values()}, "kl": "KL"}
 COLORS = {m.name: m.colour for m in METHODS.values()}
-PROBE_COLORS = {"probe_sycophancy": "#c44e52", "probe_accuracy": "#55a868"}
 OTHER_COLORS = ("#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
 INTERVAL_NOTE = ("Intervals are 95% Wilson score intervals over prompts; n is the number of prompts in the "
@@ -52,8 +41,25 @@ INTERVAL_NOTE = ("Intervals are 95% Wilson score intervals over prompts; n is th
 DASH = "—"
 
 
+def axis_metrics() -> dict:
+    """The registered axes' metrics (Axis.metrics), read when a label is asked for (a test's axis included)."""
+    from opct.axes import metrics
+
+    return metrics()
+
+
 def label(key: str) -> str:
-    return LABELS.get(key, key.replace("_", " "))
+    """A method's or a metric's name as reports show it."""
+    if key in LABELS:
+        return LABELS[key]
+    m = axis_metrics().get(key)
+    return m.label if m else key.replace("_", " ")
+
+
+def direction(metric: str) -> str:
+    """" (lower is better)" where the axis states it for the metric, else ""."""
+    m = axis_metrics().get(metric)
+    return f" ({m.better} is better)" if m and m.better else ""
 
 
 def ordered(keys, preferred) -> list:
@@ -284,7 +290,8 @@ def training_panels(logs: dict[str, list[dict]]) -> list[tuple]:
         rows, marker = rows_of[m], "o" if METHODS[m].trainer == ON_POLICY else "s"
         keys = list(dict.fromkeys(k for r in rows for k in r if k.startswith("probe_")))
         for j, key in enumerate(keys):
-            color = PROBE_COLORS.get(key, OTHER_COLORS[j % len(OTHER_COLORS)])
+            shown = axis_metrics().get(key)
+            color = shown.colour if shown and shown.colour else OTHER_COLORS[j % len(OTHER_COLORS)]
             xs, ys = series(rows, key)
             if ys:
                 name = f"{label(m)} {key.removeprefix('probe_')}"
@@ -341,7 +348,7 @@ def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str 
     blocks.append(("p", note))
     header = ["Split"] + [label(m) for m in names] + ["n"]
     for metric in split_metrics:
-        title = label(metric) + (f" ({DIRECTION[metric]})" if metric in DIRECTION else "")
+        title = label(metric) + direction(metric)
         blocks.append(("h3", title))
         rows = []
         for s in splits:
@@ -356,7 +363,7 @@ def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str 
         rows = []
         for metric in scalars:
             cells = [cell(methods, m, metric) for m in names]
-            name = label(metric) + (f" ({DIRECTION[metric]})" if metric in DIRECTION else "")
+            name = label(metric) + direction(metric)
             rows.append([name] + [fmt_cell(c) for c in cells] + [fmt_n(cells, [None] * len(cells))])
         blocks.append(("table", ["Metric"] + [label(m) for m in names] + ["n"], rows))
     return blocks

@@ -10,7 +10,7 @@ import yaml
 
 from opct import config
 from opct.axes import AXES, AxisError, axis_defaults, get_axis
-from opct.axes.base import AxisData, respond
+from opct.axes.base import AxisData, Metric, respond
 from opct.stats import result_rows
 from opct.cli import main
 from opct.data.pairs import ConsistencyPair
@@ -26,6 +26,7 @@ class FakeAxis:
     defaults = {"n_train": 5, "max_new_tokens": 3}
     sft = {"samples_per_prompt": 2}
     opct: dict = {}
+    metrics = {"hit": Metric("Hit rate", "higher")}
     headline = (("hit", "words", "higher"),)
     words = ["apple", "river", "stone", "cloud", "green", "table", "light"]
 
@@ -49,6 +50,9 @@ class FakeAxis:
 
     def probe(self, data, cfg):
         return None
+
+    def verdict(self, row):
+        return {"hit": {"value": int(row.get("hit", 0)), "answer": row.get("response", "")}}
 
     def units(self, result):
         return {"hit": {"words": {str(i): int(r[:1] in "ar") for i, r in enumerate(result["responses"])}}}
@@ -251,3 +255,16 @@ def test_safety_hf_source_is_evaluation_only_and_graded_by_the_llm_judge(tiny_mo
     assert len(seen) == 9 and all(u == "http://judge/v1" and m == "j" for u, m, _ in seen)
     assert main(["demo", "--axis", "safety", "--model", str(tiny_model_dir), "--source", f"hf:{sage}:train",
                  "--out", str(tmp_path / "d"), "--capability", ""]) == 2
+
+
+def test_an_axis_metric_is_labelled_and_directed_by_its_own_axis_only(fake_axis):
+    """A new axis metric touches only its axis package: the report's label and direction and the Inspect log's
+    verdict come from the axis (Axis.metrics, Axis.verdict), nothing else names it."""
+    from opct.inspect_log import sample_score
+    from opct.report import direction, label
+
+    assert label("hit") == "Hit rate" and direction("hit") == " (higher is better)"
+    assert label("sycophancy_rate") == "Sycophancy rate" and direction("over_warning") == " (lower is better)"
+    assert direction("brr") == "" and label("some_key") == "some key"  # no direction stated; unknown: its name
+    assert sample_score("fake", {"hit": 1, "response": "a"}) == {"hit": {"value": 1, "answer": "a"}}
+    assert sample_score("nope", {"hit": 1}) == {}

@@ -35,6 +35,15 @@ def get_axis(name: str):
     return axis
 
 
+def metrics() -> dict:
+    """Every registered axis' {metric: Metric} (opct.axes.base.Metric), merged: how a report labels a metric and
+    says which way is better wherever it meets one, also across axes (the summary of `opct demo --axis all`)."""
+    out: dict = {}
+    for name in AXES:
+        out.update(get_axis(name).metrics)
+    return out
+
+
 def axis_names(value: str) -> list[str]:
     """The axes an `--axis` value names: one name, a comma-separated list, or `all` (every axis in AXES)."""
     if value.strip() == "all":

@@ -56,6 +56,15 @@ class AxisData:
         return self.train_pairs if self.sft_pairs is None else self.sft_pairs
 
 
+@dataclass(frozen=True)
+class Metric:
+    """How a report shows one of an axis' metrics (or probe keys): its label, which way is better where the name
+    makes it unambiguous ("lower", "higher"; None: not stated), and a probe's colour in the training plot."""
+    label: str
+    better: str | None = None
+    colour: str | None = None
+
+
 class Axis(Protocol):
     """One consistency axis. Class attributes:
 
@@ -65,6 +74,7 @@ class Axis(Protocol):
               only to options the user did not set (flags or --config YAML)
     sft       SFTConfig overrides for the demo's SFT baseline (e.g. {"samples_per_prompt": 3, "temperature": 1.0})
     opct      TrainConfig overrides for the demo's OPCT run (e.g. {"loss": "full"}; {} = none)
+    metrics   {metric or probe key: Metric}: its label and direction in every report (opct.report.label)
     headline  the few figures a run over several axes (`opct demo --axis all`) puts side by side: (metric, split or
               None for a metric without splits, "lower" or "higher" is better) per row, read from `evaluate`'s result
 
@@ -76,6 +86,7 @@ class Axis(Protocol):
     defaults: dict
     sft: dict
     opct: dict
+    metrics: dict
     headline: tuple
 
     def check(self, cfg) -> None:
@@ -102,6 +113,12 @@ class Axis(Protocol):
         """The per-unit values behind an evaluation result's rates, metric -> split -> {unit id: value} (a question's
         0/1, a fact's pass rate), read from `evaluate`'s result: what every comparison of two methods pairs unit by
         unit (opct.experiment.compare; across seeds `compare_seeds`). {} = none."""
+        ...
+
+    def verdict(self, row: dict) -> dict:
+        """One per-example sample row's verdict, {name: {"value": 0 or 1, "answer", "explanation" (optional)}}: what
+        an Inspect log scores it as (opct.inspect_log); {} where there is none (reasoning that never closed, a
+        judge output that could not be parsed)."""
         ...
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:

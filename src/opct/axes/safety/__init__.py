@@ -28,7 +28,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from opct.axes.base import UNCLOSED, AxisData, Reply, replies, unclosed_counts
+from opct.axes.base import UNCLOSED, AxisData, Metric, Reply, replies, unclosed_counts
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
 from opct.stats import rate_cell
@@ -65,6 +65,9 @@ class SafetyAxis:
                 "prompts_per_step": 8, "batch_size": 16, "probe_every": 0, "probe_n": 16}
     sft = {"samples_per_prompt": 3, "temperature": 1.0}
     opct: dict = {}  # TrainConfig's defaults
+    metrics = {"pass_rate": Metric("Pass rate", "higher"), "ausc": Metric("AUSC", "higher"),
+               "share_at_100": Metric("Share of facts at 100%", "higher"),
+               "over_warning": Metric("Over-warning", "lower")}
     headline = (("pass_rate", "heldout", "higher"), ("pass_rate", "heldout_variants", "higher"),
                 ("ausc", "heldout", "higher"), ("over_warning", "contrast", "lower"))
 
@@ -183,6 +186,13 @@ class SafetyAxis:
             v = self.judge(cfg).judge([p.text for p in held], responses, [facts[p.fact_id] for p in held])
             return {"probe_pass_rate": sum(x.passed is True for x in v) / max(1, len(v))}
         return probe
+
+    def verdict(self, row: dict) -> dict:
+        """Whether the judge passed the response (it gives the warning the fact needs, or none where none is)."""
+        if row.get("passed") is None:
+            return {}
+        return {"passed": {"value": int(bool(row["passed"])), "answer": "pass" if row["passed"] else "fail",
+                           "explanation": str(row.get("reason") or "")}}
 
     def units(self, result: dict) -> dict:
         """Per split, each fact's pass rate (heldout, heldout_variants, train) or over-warning rate (contrast)."""
