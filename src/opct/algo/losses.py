@@ -17,7 +17,8 @@ token gives no gradient), as OPSD's per-token KL clipping, which found style tok
 content tokens. `position_kl` splits the sampled estimate into each response's first tokens and the rest.
 
 When another engine (vLLM) sampled the tokens, `truncated_is_weights` gives each token's importance weight between
-that sampler and the trainer; every loss above scales a token's term by it.
+that sampler and the trainer; every loss above scales a token's term by it. `importance_weights` gives the weights
+with the statistics a step logs.
 
 The losses are device-agnostic math on what a policy returns (`opct.backends.base.Scores`): log-probs of the
 sampled tokens for the default loss; for the exact ones, hidden states and a logits function, streamed over
@@ -109,6 +110,24 @@ def truncated_is_weights(logp_trainer_BT: torch.Tensor, logp_sampler_BT: torch.T
     ratio_BT = torch.exp(logp_trainer_BT.detach() - logp_sampler_BT)
     ratio_BT = torch.where(mask_BT.bool(), ratio_BT, torch.ones_like(ratio_BT))
     return ratio_BT.clamp(max=cap), ratio_BT
+
+
+def importance_weights(logp_trainer_BT: torch.Tensor, logp_sampler_BT: torch.Tensor, mask_BT: torch.Tensor,
+                       cap: float) -> tuple[torch.Tensor | None, dict]:
+    """Tokens another engine sampled, with its log-probs: the truncated importance weights (`truncated_is_weights`),
+    None when cap is 0 (no correction), and their statistics over the real tokens, as sums: sampler_logp_gap, of
+    |log p_trainer - log p_sampler|; with the weights, is_weight_mean, of the weights, and is_truncated, the tokens
+    whose ratio exceeds cap; and is_ratio_max, the largest ratio before truncation (absent without real tokens)."""
+    real_BT = mask_BT.bool()
+    stats = {"sampler_logp_gap": float((logp_trainer_BT.detach() - logp_sampler_BT)[real_BT].abs().sum())}
+    w_BT = None
+    if cap > 0:
+        w_BT, ratio_BT = truncated_is_weights(logp_trainer_BT, logp_sampler_BT, mask_BT, cap)
+        stats["is_weight_mean"] = float(w_BT[real_BT].sum())
+        stats["is_truncated"] = float((ratio_BT[real_BT] > cap).sum())
+        if real_BT.any():
+            stats["is_ratio_max"] = float(ratio_BT[real_BT].max())
+    return w_BT, stats
 
 
 def reverse_kl(logits_student_NV, logits_teacher_NV):

@@ -30,6 +30,7 @@ from opct.config import TrainConfig
 from opct.data import reasoning
 from opct.data.pairs import ConsistencyPair
 from opct.train import loop
+from opct.train.distributed import Replicas
 
 
 KL_HEAD = 8  # kl_head / kl_tail: a response's first 8 loss tokens against the rest
@@ -88,12 +89,84 @@ def sampler_logprobs(rows: list[list[float]], like_NT: torch.Tensor) -> torch.Te
     return out_NT
 
 
+@dataclasses.dataclass
+class StepStats:
+    """One step's metrics: summed over its micro-batches (`add`, of `backward_micro_batch`'s dicts), then over the
+    data-parallel replicas and per token (`row`). A field left None is a number this step does not log."""
+    sums: dict[str, float]  # per loss token: loss, kl, logp_student, logp_teacher [, the sampler's statistics]
+    position: dict[str, float] = dataclasses.field(  # kl_head / kl_tail and their own token counts
+        default_factory=lambda: dict.fromkeys(("kl_head", "head_tokens", "kl_tail", "tail_tokens"), 0.0))
+    clipped: int | None = None  # with kl_clip: the tokens whose term was clipped
+    ratio_max: float | None = None  # with importance weights: the largest ratio before truncation
+    unclosed: int | None = None  # with a thinking model: the responses whose reasoning never closed
+
+    @classmethod
+    def start(cls, cfg: TrainConfig, sampled_elsewhere: bool, unclosed: int | None) -> StepStats:
+        """`sampled_elsewhere`: the sampler reported its own log-probs (vLLM; every replica's sampler is the same
+        kind): their gap to the trainer's is logged and, with sampler_is_cap > 0, the importance weights'."""
+        weighted = sampled_elsewhere and cfg.sampler_is_cap > 0
+        keys = (["loss", "kl", "logp_student", "logp_teacher"] + ["sampler_logp_gap"] * sampled_elsewhere
+                + ["is_weight_mean", "is_truncated"] * weighted)
+        return cls(dict.fromkeys(keys, 0.0), clipped=0 if cfg.kl_clip > 0 else None,
+                   ratio_max=0.0 if weighted else None, unclosed=unclosed)
+
+    def add(self, metrics: dict) -> None:
+        """One micro-batch's metrics: sums, but is_ratio_max a running max."""
+        for k, v in metrics.items():
+            if k == "kl_clipped":
+                self.clipped += v
+            elif k == "is_ratio_max":
+                self.ratio_max = max(self.ratio_max, v)
+            elif k in self.position:
+                self.position[k] += v
+            else:
+                self.sums[k] += v
+
+    def row(self, replicas: Replicas, n_tokens: int, n_responses: int) -> dict:
+        """The logged numbers, over every replica: `sums` and kl_clipped per loss token (`n_tokens`, the step's),
+        kl_head / kl_tail per token of their own positions (absent without any), unclosed_reasoning per response."""
+        row = {k: v / max(n_tokens, 1) for k, v in replicas.sum(self.sums).items()}
+        position = replicas.sum(self.position)
+        row |= {k: position[k] / position[n] for k, n in (("kl_head", "head_tokens"), ("kl_tail", "tail_tokens"))
+                if position[n]}
+        if self.clipped is not None:
+            row["kl_clipped"] = replicas.sum(self.clipped) / max(n_tokens, 1)
+        if self.ratio_max is not None:
+            row["is_ratio_max"] = replicas.max(self.ratio_max)
+        if self.unclosed is not None:
+            row["unclosed_reasoning"] = replicas.sum(self.unclosed) / n_responses
+        return row
+
+
+def backward_micro_batch(cfg: TrainConfig, s: Scores, t: Scores, sampler_logp: list[list[float]] | None,
+                         n_tokens: int) -> dict:
+    """One micro-batch's loss (`consistency_loss`), divided by the step's loss-token count `n_tokens`, backward;
+    returns its metrics as sums over its tokens (`StepStats.add`): the importance weights' statistics when the sampler
+    reported log-probs (`losses.importance_weights`), the position split (`losses.position_kl`), loss, kl,
+    logp_student and logp_teacher over the tokens the loss covers, and with kl_clip the clipped tokens."""
+    w_NT, metrics = None, {}
+    if sampler_logp is not None:
+        w_NT, metrics = losses.importance_weights(s.logp_NT, sampler_logprobs(sampler_logp, s.logp_NT), s.mask_NT,
+                                                  cfg.sampler_is_cap)
+    loss, kl, clipped = consistency_loss(cfg, s, t, w_NT)
+    (loss / max(n_tokens, 1)).backward()
+    metrics |= losses.position_kl(s.logp_NT, t.logp_NT, s.mask_NT, KL_HEAD)
+    metrics |= {"loss": float(loss.detach()), "kl": float(kl),
+                "logp_student": float((s.logp_NT.detach() * s.mask_NT).sum()),
+                "logp_teacher": float((t.logp_NT * s.mask_NT).sum())}
+    if cfg.kl_clip > 0:
+        metrics["kl_clipped"] = clipped
+    return metrics
+
+
 def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: TrainConfig,
               gen: torch.Generator) -> dict:
-    """One optimizer step's forward/backward work on `batch` = [(student_ids, teacher_ids), ...]."""
-    G = cfg.samples_per_prompt
-    prompts_s = [s for s, _ in batch for _ in range(G)]
-    prompts_t = [t for _, t in batch for _ in range(G)]
+    """One optimizer step's forward/backward work on `batch` = [(student_ids, teacher_ids), ...], each student prompt
+    sampled samples_per_prompt times: phases 1-3 of the module's docstring, step 3 a backward per micro-batch
+    (`backward_micro_batch`) over one normaliser, the loss's tokens in the step on every data-parallel replica (no
+    reasoning under train_on_thinking off): the gradient is one big batch's. Returns its metrics (`StepStats`)."""
+    prompts_s = [s for s, _ in batch for _ in range(cfg.samples_per_prompt)]
+    prompts_t = [t for _, t in batch for _ in range(cfg.samples_per_prompt)]
     exact = cfg.loss != "sampled"  # the exact losses need hidden states, not just the sampled tokens' log-probs
     tags = policy.think_ids  # a thinking model's reasoning span, or None
     answer_only = tags is not None and not cfg.train_on_thinking
@@ -102,8 +175,6 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     t0 = time.perf_counter()
     rollout = policy.sample(prompts_s, SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k),
                             gen)
-    # one normaliser for every micro-batch and every data-parallel replica: the update is one big batch's, over the
-    # tokens the loss covers (without the reasoning under train_on_thinking off)
     starts = [reasoning.answer_start(r, tags, reasoning.opens(p, tags)) for p, r in zip(prompts_s, rollout.responses)]
     n_sampled = policy.replicas.sum(rollout.n_tokens)
     n_tokens = policy.replicas.sum(sum(len(r) - st for r, st in zip(rollout.responses, starts) if st is not None)
@@ -115,63 +186,25 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
     with policy.teacher() as teacher:
         teacher_scores = [teacher.score(prompts_t[c], part, grad=False, hidden=exact) for c, part in parts]
 
-    # 3. the student scores them after the perturbed prompt, with grad; accumulate the normalised loss
+    # 3. the student scores them after the perturbed prompt, with grad; each micro-batch's normalised loss backward
     t2 = time.perf_counter()
-    sums = {"loss": 0.0, "kl": 0.0, "logp_student": 0.0, "logp_teacher": 0.0}
-    position = {"kl_head": 0.0, "head_tokens": 0.0, "kl_tail": 0.0, "tail_tokens": 0.0}
-    clipped = 0
-    # when the sampler reports its own log-probs (vLLM): |sampler's - trainer's| and, with sampler_is_cap > 0, the
-    # truncated importance weights, summed over tokens; the largest ratio before truncation
-    mismatch = {"sampler_logp_gap": 0.0, "is_weight_mean": 0.0, "is_truncated": 0.0}
-    ratio_max = 0.0
+    stats = StepStats.start(cfg, rollout.sampler_logp is not None, starts.count(None) if tags is not None else None)
     for i, ((c, part), t) in enumerate(zip(parts, teacher_scores)):
         s = policy.score(part.prompts, part, grad=True, hidden=exact, sync=i == len(parts) - 1)
         if answer_only:  # the reasoning tokens leave the loss (and the importance weights' counts)
             keep_NT, _ = reasoning.answer_mask(part.responses, tags, s.mask_NT.shape[1], part.prompts)
             s = dataclasses.replace(s, mask_NT=s.mask_NT * keep_NT)
-        w_NT = None
-        if part.sampler_logp is not None:
-            logp_v_NT, real_NT = sampler_logprobs(part.sampler_logp, s.logp_NT), s.mask_NT.bool()
-            mismatch["sampler_logp_gap"] += float((s.logp_NT.detach() - logp_v_NT)[real_NT].abs().sum())
-            if cfg.sampler_is_cap > 0:
-                w_NT, ratio_NT = losses.truncated_is_weights(s.logp_NT, logp_v_NT, s.mask_NT, cfg.sampler_is_cap)
-                mismatch["is_weight_mean"] += float(w_NT[real_NT].sum())
-                mismatch["is_truncated"] += float((ratio_NT[real_NT] > cfg.sampler_is_cap).sum())
-                if real_NT.any():
-                    ratio_max = max(ratio_max, float(ratio_NT[real_NT].max()))
-        loss, kl, n_clipped = consistency_loss(cfg, s, t, w_NT)
-        (loss / max(n_tokens, 1)).backward()
-        clipped += n_clipped
-        for k, v in losses.position_kl(s.logp_NT, t.logp_NT, s.mask_NT, KL_HEAD).items():
-            position[k] += v
-        sums["loss"] += float(loss.detach())
-        sums["kl"] += float(kl)
-        sums["logp_student"] += float((s.logp_NT.detach() * s.mask_NT).sum())  # over the tokens the loss covers
-        sums["logp_teacher"] += float((t.logp_NT * s.mask_NT).sum())
+        stats.add(backward_micro_batch(cfg, s, t, part.sampler_logp, n_tokens))
     t3 = time.perf_counter()
 
-    if rollout.sampler_logp is not None:  # every replica's rollout comes from the same kind of sampler
-        sums.update(mismatch if cfg.sampler_is_cap > 0 else {"sampler_logp_gap": mismatch["sampler_logp_gap"]})
-    row = {k: v / max(n_tokens, 1) for k, v in policy.replicas.sum(sums).items()}
-    position = policy.replicas.sum(position)  # per token over each part: the head's and the tail's own counts
-    row |= {k: position[k] / position[n] for k, n in (("kl_head", "head_tokens"), ("kl_tail", "tail_tokens"))
-            if position[n]}
-    if cfg.kl_clip > 0:
-        row["kl_clipped"] = policy.replicas.sum(clipped) / max(n_tokens, 1)
-    if rollout.sampler_logp is not None and cfg.sampler_is_cap > 0:
-        row["is_ratio_max"] = policy.replicas.max(ratio_max)
     responses = policy.replicas.gather(rollout.responses)  # the global batch's
     prompt_tokens = policy.replicas.sum({"s": sum(map(len, prompts_s)), "t": sum(map(len, prompts_t))})
-    if tags is not None:  # responses whose reasoning never closed within max_new_tokens
-        row["unclosed_reasoning"] = policy.replicas.sum(starts.count(None)) / len(responses)
-    if answer_only:
-        row["loss_tokens"] = n_tokens
-    row.update(response_len=n_sampled / len(responses), response_tokens=n_sampled,
-               prompt_tokens=int(prompt_tokens["s"]), teacher_prompt_tokens=int(prompt_tokens["t"]),
-               decode_steps=max(map(len, responses)),
-               distinct_responses=len(set(map(tuple, responses))) / len(responses),
-               time_sample=t1 - t0, time_teacher=t2 - t1, time_student=t3 - t2, **rollout.stats)
-    return row
+    row = stats.row(policy.replicas, n_tokens, len(responses)) | ({"loss_tokens": n_tokens} if answer_only else {})
+    return row | dict(response_len=n_sampled / len(responses), response_tokens=n_sampled,
+                      prompt_tokens=int(prompt_tokens["s"]), teacher_prompt_tokens=int(prompt_tokens["t"]),
+                      decode_steps=max(map(len, responses)),
+                      distinct_responses=len(set(map(tuple, responses))) / len(responses),
+                      time_sample=t1 - t0, time_teacher=t2 - t1, time_student=t3 - t2, **rollout.stats)
 
 
 def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=None, probe_every: int = 0,
