@@ -99,7 +99,7 @@ def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_com
     its one setting changed; results carry control - OPCT per split (paired within one run, and across seeds), the
     report its section and each control's KL in the training plot panels."""
     from opct.experiment import METHODS
-    from opct.report import read_metrics, training_panels
+    from opct.report.run import read_metrics, training_panels
 
     out = tmp_path / "demo"
     controls = {m.name: m.overrides for m in METHODS.values() if m.control}

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from opct.report import fmt_cell, fmt_ratio, write_report
+from opct.report.render import fmt_cell, fmt_ratio
+from opct.report.run import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SPLITS = ("train_cues", "heldout_cues", "system_cue", "pushback")

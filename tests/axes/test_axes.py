@@ -58,7 +58,7 @@ class FakeAxis:
         return {"hit": {"words": {str(i): int(r[:1] in "ar") for i, r in enumerate(result["responses"])}}}
 
     def report_blocks(self, results, run_dir):
-        from opct.report import results_blocks
+        from opct.report.run import results_blocks
 
         return results_blocks(results)
 
@@ -261,7 +261,7 @@ def test_an_axis_metric_is_labelled_and_directed_by_its_own_axis_only(fake_axis)
     """A new axis metric touches only its axis package: the report's label and direction and the Inspect log's
     verdict come from the axis (Axis.metrics, Axis.verdict), nothing else names it."""
     from opct.inspect_log import sample_score
-    from opct.report import direction, label
+    from opct.report.render import direction, label
 
     assert label("hit") == "Hit rate" and direction("hit") == " (higher is better)"
     assert label("sycophancy_rate") == "Sycophancy rate" and direction("over_warning") == " (lower is better)"

@@ -248,7 +248,7 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     report = (out / "report.md").read_text()
     assert "Jailbreak: attack success by split" in report and "plots/jailbreak_by_split.png" in report
     assert "Second judge: advbench_prefixes" in report
-    from opct.report import headline_rows  # what `opct demo --axis all` puts beside the other axes
+    from opct.report.run import headline_rows  # what `opct demo --axis all` puts beside the other axes
 
     rows = headline_rows(res)
     assert [(r["metric"], r["split"]) for r in rows] == [("asr", "heldout_wrappers"), ("asr", "heldout_family"),

@@ -74,7 +74,7 @@ class Axis(Protocol):
               only to options the user did not set (flags or --config YAML)
     sft       SFTConfig overrides for the demo's SFT baseline (e.g. {"samples_per_prompt": 3, "temperature": 1.0})
     opct      TrainConfig overrides for the demo's OPCT run (e.g. {"loss": "full"}; {} = none)
-    metrics   {metric or probe key: Metric}: its label and direction in every report (opct.report.label)
+    metrics   {metric or probe key: Metric}: its label and direction in every report (opct.report.render.label)
     headline  the few figures a run over several axes (`opct demo --axis all`) puts side by side: (metric, split or
               None for a metric without splits, "lower" or "higher" is better) per row, read from `evaluate`'s result
 
@@ -122,7 +122,7 @@ class Axis(Protocol):
         ...
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:
-        """This axis' report section as report blocks (see opct.report); plots go under run_dir / "plots"."""
+        """This axis' report section as report blocks (see opct.report.render); plots go under run_dir / "plots"."""
         ...
 
 

@@ -38,7 +38,7 @@ def plot_asr(methods: dict, names: list[str], path) -> None:
     """Per-split attack success rate (and over-refusal on benign prompts) with Wilson intervals, one bar per method."""
     from matplotlib.figure import Figure
 
-    from opct.report import grouped_bars, method_legend, save_figure
+    from opct.report.render import grouped_bars, method_legend, save_figure
 
     groups = [s for s in ("bare", *SPLITS, *THREATS) if any(s in (methods[m].get("asr") or {}) for m in names)]
     groups += ["adaptive", "benign"]
@@ -67,7 +67,8 @@ def report_blocks(results: dict, out) -> list:
     plot under out/plots/."""
     from pathlib import Path
 
-    from opct.report import METHOD_ORDER, held_out_blocks, label, ordered, paired_blocks, unclosed_block
+    from opct.report.render import METHOD_ORDER, label, ordered
+    from opct.report.run import held_out_blocks, paired_blocks, unclosed_block
 
     out = Path(out)
     methods = {k: v for k, v in (results.get("methods") or {}).items() if isinstance(v, dict) and "asr" in v}
@@ -115,7 +116,7 @@ def report_blocks(results: dict, out) -> list:
 
 def attack_blocks(methods: dict, names: list[str]) -> list:
     """The adaptive per-target attack, refusal on bare requests and over-refusal, per method."""
-    from opct.report import label
+    from opct.report.render import label
 
     adv = [(methods[m].get("adaptive_attack") or {}) for m in names]
     a0 = next((a for a in adv if a), {})
@@ -139,7 +140,7 @@ def attack_blocks(methods: dict, names: list[str]) -> list:
 
 def judge_blocks(methods: dict, names: list[str]) -> list:
     """The StrongREJECT rubric judge's and the second judge's readings of the same answers, when they ran."""
-    from opct.report import label
+    from opct.report.render import label
 
     blocks = []
     rub = [methods[m].get("rubric") for m in names]
@@ -173,7 +174,7 @@ def judge_blocks(methods: dict, names: list[str]) -> list:
 
 def sample_blocks(methods: dict, names: list[str]) -> list:
     """A seeded pick of answers per split and method, with the refusal judge's label."""
-    from opct.report import label
+    from opct.report.render import label
 
     blocks = []
     blocks.append(("h3", "Sample answers per split"))

@@ -1,5 +1,5 @@
 """The safety axis' report section: pass rates per split, paired changes, the safety curve, per-fact rates and
-sample responses (read from the run's samples/<method>.jsonl). Blocks as in opct.report."""
+sample responses (read from the run's samples/<method>.jsonl). Blocks as in opct.report.render."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from opct.experiment import BASE
-from opct.report import (DASH, label, method_color, method_table, paired_blocks, results_blocks, save_figure,
-                         unclosed_block)
+from opct.report.render import DASH, label, method_color, save_figure
+from opct.report.run import method_table, paired_blocks, results_blocks, unclosed_block
 
 NOTE = ("Each rate is the mean over facts of the fact's pass rate (the share of its prompts whose response the judge "
         "passes); intervals are 95% bootstrap intervals over facts (1000 resamples, seed 47); n is the number of "
@@ -65,7 +65,7 @@ def read_samples(run_dir: Path, method: str) -> list[dict]:
 def held_out_blocks(results: dict) -> list:
     """What each evaluated split holds out, along both dimensions: facts (never trained on) and surface variants."""
     from opct.axes.safety import HELD_OUT
-    from opct.report import held_out_blocks as table
+    from opct.report.run import held_out_blocks as table
 
     info = results.get("info") or {}
     present = [s for s in HELD_OUT if any(s in (m.get("per_fact") or {}) for m in results.get("methods", {}).values()

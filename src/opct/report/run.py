@@ -1,71 +1,34 @@
-"""Turn a finished run directory into report.md, report.html and PNG plots.
+"""One run directory's report: report.md, report.html and PNG plots from its results.json (opct.report.render
+writes them).
 
 Inputs (under `run_dir`):
-  results.json          written by the demo / eval (required)
-  opct/metrics.jsonl    one JSON object per OPCT training step (optional)
-  sft/metrics.jsonl     one JSON object per SFT training step (optional)
+  results.json             written by the demo / eval (required), read through opct.experiment.read_results
+  <method>/metrics.jsonl   one JSON object per training step of each trained method (optional)
 
-The report only presents the numbers: every table cell comes straight from results.json, and the
-intervals are the ones the evaluator computed (95% Wilson intervals over prompts). The Markdown and
-the HTML are rendered from one list of blocks, so they always carry the same content.
+The report only presents the numbers: every table cell comes straight from results.json, and the intervals are the
+ones the evaluator computed. The shared sections (header, seeds, controls, capability, plots, training logs, what
+was run) are here; each axis renders its own results section (Axis.report_blocks).
 """
 
 from __future__ import annotations
 
-import html
-import io
 import json
-import math
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from opct.data.io import atomic_write, read_jsonl, write_json
+from opct.data.io import atomic_write, read_jsonl
 from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, pairs, tests_control
 from opct.experiment import key as pair_key
 from opct.experiment import read_results as read_schema
+from opct.report.render import (COLORS, DASH, METHOD_ORDER, OTHER_COLORS, axis_metrics, direction, flatten, fmt_cell,
+                                fmt_n, fmt_num, fmt_seconds, is_number, label, ordered, plot_line, render_html,
+                                render_markdown, save_figure, series)
 from opct.stats import is_cell
 
-# Display order (the methods table's); anything else found in results.json follows in the order it first appears.
-METHOD_ORDER = tuple(METHODS)
-
-# The methods' labels and colours are the methods table's; the axes' metrics' labels and directions their own
-# (Axis.metrics); a training log's keys are shown as they are, but for these.
-LABELS = {**{m.name: m.label for m in METHODS.values()}, "kl": "KL"}
-COLORS = {m.name: m.colour for m in METHODS.values()}
-OTHER_COLORS = ("#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
 
 INTERVAL_NOTE = ("Intervals are 95% Wilson score intervals over prompts; n is the number of prompts in the "
                  "split. Ratios are ratios of point estimates and carry no interval of their own.")
-DASH = "—"
-
-
-def axis_metrics() -> dict:
-    """The registered axes' metrics (Axis.metrics), read when a label is asked for (a test's axis included)."""
-    from opct.axes import metrics
-
-    return metrics()
-
-
-def label(key: str) -> str:
-    """A method's or a metric's name as reports show it."""
-    if key in LABELS:
-        return LABELS[key]
-    m = axis_metrics().get(key)
-    return m.label if m else key.replace("_", " ")
-
-
-def direction(metric: str) -> str:
-    """" (lower is better)" where the axis states it for the metric, else ""."""
-    m = axis_metrics().get(metric)
-    return f" ({m.better} is better)" if m and m.better else ""
-
-
-def ordered(keys, preferred) -> list:
-    """`preferred` keys that are present, then the rest in first-seen order."""
-    seen = list(dict.fromkeys(keys))
-    return [k for k in preferred if k in seen] + [k for k in seen if k not in preferred]
 
 
 UNCLOSED_GRADED = ("the judges graded each reply's answer after its reasoning. Replies whose reasoning did not "
@@ -83,14 +46,6 @@ def unclosed_block(methods: dict, names: list[str], what: str = UNCLOSED_GRADED)
     shown = "; ".join(f"{label(m)} {sum((c or {}).values())} ({', '.join(f'{s} {n}' for s, n in (c or {}).items())})"
                       for m, c in counts.items())
     return ("p", f"A thinking model: {what}, and number: {shown}.")
-
-
-def is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -124,135 +79,6 @@ def cell(methods: dict, method: str, metric: str, split: str | None = None) -> d
     if split is not None:
         c = c.get(split) if isinstance(c, dict) else None
     return c if is_cell(c) and is_number(c["value"]) else None
-
-
-# ---------------------------------------------------------------------------------------------
-# Formatting
-
-
-def fmt_cell(c: dict | None) -> str:
-    """"0.62 [0.57, 0.67]", or just "0.62" without an interval, or a dash when missing."""
-    if c is None:
-        return DASH
-    text = f"{c['value']:.2f}"
-    if is_number(c.get("lo")) and is_number(c.get("hi")):
-        text += f" [{c['lo']:.2f}, {c['hi']:.2f}]"
-    return text
-
-
-def fmt_ratio(c: dict | None, base: dict | None) -> str:
-    if c is None or base is None or base["value"] == 0:
-        return DASH
-    return f"×{c['value'] / base['value']:.2f}"
-
-
-def fmt_n(cells: list[dict | None], fallbacks: list) -> str:
-    """The prompt count; normally identical across methods, but shown per method if not."""
-    ns = [c["n"] if c is not None and is_number(c.get("n")) else fb for c, fb in zip(cells, fallbacks)]
-    ns = [int(n) for n in ns if is_number(n)]
-    if not ns:
-        return DASH
-    return str(ns[0]) if len(set(ns)) == 1 else " / ".join(map(str, ns))
-
-
-def fmt_num(x) -> str:
-    return f"{x:.4g}" if is_number(x) else str(x)
-
-
-def fmt_seconds(s: float) -> str:
-    return f"{s:.0f} s ({s / 60:.1f} min)" if s >= 60 else f"{s:.1f} s"
-
-
-def flatten(d: dict, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested config -> [("opct.lr", "0.0001"), ...]; long values are shortened for the table."""
-    out = []
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out += flatten(v, key + ".")
-            continue
-        text = v if isinstance(v, str) else json.dumps(v)
-        out.append((key, text if len(text) <= 80 else text[:77] + "..."))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots (Figure + Agg canvas directly, so no pyplot global state or display backend is involved)
-
-
-def method_color(method: str, i: int) -> str:
-    return COLORS.get(method, OTHER_COLORS[i % len(OTHER_COLORS)])
-
-
-def grouped_bars(ax, groups: list[str], methods: list[str], get, title: str) -> None:
-    """One bar per (group, method) with asymmetric lo/hi error bars; `get(method, group)` -> cell|None."""
-    width = 0.8 / len(methods)
-    top = 1.0
-    for i, m in enumerate(methods):
-        xs, vals, below, above = [], [], [], []
-        for j, g in enumerate(groups):
-            c = get(m, g)
-            if c is None or not is_number(c.get("value")):  # no cell, or a rate over no graded item (n = 0)
-                continue
-            v = c["value"]
-            lo = c["lo"] if is_number(c.get("lo")) else v
-            hi = c["hi"] if is_number(c.get("hi")) else v
-            xs.append(j - 0.4 + width * (i + 0.5))
-            vals.append(v)
-            below.append(max(0.0, v - lo))
-            above.append(max(0.0, hi - v))
-            top = max(top, hi)
-        if not xs:
-            continue
-        ax.bar(xs, vals, width * 0.92, yerr=[below, above], capsize=3, label=label(m),
-               color=method_color(m, i), error_kw={"elinewidth": 1, "ecolor": "#333333"})
-        for x, v, a in zip(xs, vals, above):
-            ax.text(x, v + a + 0.01 * top, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(groups)), [g.replace("_", " ") for g in groups])
-    ax.set_ylim(0, top * 1.12)  # headroom for the value labels above the error bars
-    ax.set_title(title)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
-
-
-def method_legend(fig: Figure, ax) -> None:
-    """One legend under the plot area, so it can never cover a bar near 1.0."""
-    handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncols=len(labels), frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-
-
-def save_figure(fig: Figure, path: Path) -> None:
-    FigureCanvasAgg(fig)
-    if not fig.legends:  # method_legend already laid the figure out around its legend
-        fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    atomic_write(path, buf.getvalue())
-
-
-def series(rows: list[dict], key: str) -> tuple[list, list]:
-    """(steps, values) for the rows that have a numeric `key`; the line number stands in for a missing step."""
-    xs, ys = [], []
-    for i, row in enumerate(rows, 1):
-        if is_number(row.get(key)):
-            xs.append(row["step"] if is_number(row.get("step")) else i)
-            ys.append(row[key])
-    return xs, ys
-
-
-def plot_line(ax, xs, ys, name: str, color: str) -> None:
-    """Per-step values are noisy: with many steps, draw them faintly under a trailing moving average."""
-    if len(ys) < 50:
-        ax.plot(xs, ys, color=color, label=name, linewidth=1.2)
-        return
-    window = len(ys) // 25
-    ax.plot(xs, ys, color=color, alpha=0.25, linewidth=0.8)
-    total, smooth = 0.0, []
-    for i, y in enumerate(ys):
-        total += y - (ys[i - window] if i >= window else 0.0)
-        smooth.append(total / min(i + 1, window))
-    ax.plot(xs, smooth, color=color, label=f"{name} (mean of {window} steps)", linewidth=1.5)
 
 
 def training_panels(logs: dict[str, list[dict]]) -> list[tuple]:
@@ -321,11 +147,6 @@ def plot_training(panels: list, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     save_figure(fig, path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Document: a list of blocks, rendered twice
-#   ("h1"|"h2"|"h3"|"p", text)  ("table", header, rows)  ("list", items)  ("img", alt, relative path)
 
 
 def method_table(results: dict) -> tuple[dict, list[str]]:
@@ -601,66 +422,6 @@ def capability_rows(cap: dict, names: list[str]) -> list[list[str]]:
     return rows
 
 
-def md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def render_markdown(blocks: list) -> str:
-    out = []
-    for kind, *args in blocks:
-        if kind in ("h1", "h2", "h3"):
-            out.append("#" * int(kind[1]) + " " + args[0])
-        elif kind == "p":
-            out.append(args[0])
-        elif kind == "list":
-            out.append("\n".join(f"- {item}" for item in args[0]))
-        elif kind == "table":
-            header, rows = args
-            lines = ["| " + " | ".join(md_cell(h) for h in header) + " |",
-                     "|" + "|".join(["---"] * len(header)) + "|"]
-            lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
-            out.append("\n".join(lines))
-        elif kind == "img":
-            out.append(f"![{args[0]}]({args[1]})")
-    return "\n\n".join(out) + "\n"
-
-
-HTML_STYLE = """
-body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.2em; font-size: 0.92em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
-th { background: #f3f3f3; }
-img { max-width: 100%; display: block; margin: 0.5em 0; }
-figcaption { color: #555; font-size: 0.9em; margin-bottom: 1.5em; }
-"""
-
-
-def render_html(blocks: list) -> str:
-    e = html.escape
-    title = next((args[0] for kind, *args in blocks if kind == "h1"), "OPCT report")
-    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-           f"<title>{e(title)}</title>", f"<style>{HTML_STYLE}</style>", "</head>", "<body>"]
-    for kind, *args in blocks:
-        if kind in ("h1", "h2", "h3", "p"):
-            out.append(f"<{kind}>{e(args[0])}</{kind}>")
-        elif kind == "list":
-            out.append("<ul>" + "".join(f"<li>{e(item)}</li>" for item in args[0]) + "</ul>")
-        elif kind == "table":
-            header, rows = args
-            out.append("<table>")
-            out.append("<tr>" + "".join(f"<th>{e(str(h))}</th>" for h in header) + "</tr>")
-            out += ["<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in rows]
-            out.append("</table>")
-        elif kind == "img":
-            out.append(f'<figure><img src="{e(args[1])}" alt="{e(args[0])}">'
-                       f"<figcaption>{e(args[0])}</figcaption></figure>")
-    out += ["</body>", "</html>"]
-    return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-
-
 def write_report(run_dir: str | Path) -> dict:
     """Write report.md, report.html and plots/*.png for a run directory.
 
@@ -705,10 +466,6 @@ def write_report(run_dir: str | Path) -> dict:
     return {"markdown": md_path, "html": html_path, "plots": plots}
 
 
-# ---------------------------------------------------------------------------------------------
-# Several axes (`opct demo --axis all`): one page that puts each axis' headline figures side by side
-
-
 def headline_rows(results: dict) -> list[dict]:
     """The axis' `headline` figures from one demo's results.json: [{"metric", "split", "better", "methods":
     {method: cell or None}}]; [] for an axis this opct does not know or one without a headline."""
@@ -721,67 +478,3 @@ def headline_rows(results: dict) -> list[dict]:
         rows.append({"metric": metric, "split": split, "better": better,
                      "methods": {m: cell(methods, m, metric, split) for m in names}})
     return rows
-
-
-def plot_headlines(summary: dict, path: Path) -> None:
-    """One panel per axis: its headline figures by method, with their intervals."""
-    axes = [(name, run) for name, run in summary["runs"].items() if run["headline"]]
-    fig = Figure(figsize=(sum(max(4.0, 1.4 * len(r["headline"]) + 1.5) for _, r in axes), 4.4))
-    for k, (name, run) in enumerate(axes, 1):
-        ax = fig.add_subplot(1, len(axes), k)
-        rows = {f"{label(r['metric'])}\n{r['split'] or ''} ({r['better']})": r for r in run["headline"]}
-        names = ordered([m for r in run["headline"] for m in r["methods"]], METHOD_ORDER)
-        grouped_bars(ax, list(rows), names, lambda m, g: rows[g]["methods"].get(m), f"{name}: {run['model']}")
-        ax.tick_params(axis="x", labelsize=7)
-    method_legend(fig, ax)
-    save_figure(fig, path)
-
-
-def summary_blocks(summary: dict) -> list:
-    runs = summary["runs"]
-    blocks = [("h1", "OPCT across axes"),
-              ("list", [f"{name}: {run['model']} ({name}/report.md)" for name, run in runs.items()] +
-               ([f"Wall time: {fmt_seconds(summary['wall_seconds'])}"] if is_number(summary.get("wall_seconds"))
-                else []))]
-    names = ordered([m for run in runs.values() for r in run["headline"] for m in r["methods"]], METHOD_ORDER)
-    blocks += [("h2", "Headline figures"),
-               ("p", "A few figures per axis, with the 95% intervals its evaluation computed; each axis' report "
-                     "has all of them, how each is computed, and per-example samples.")]
-    rows = [[name, label(r["metric"]), r["split"] or DASH, f"{r['better']} is better"] +
-            [fmt_cell(r["methods"].get(m)) for m in names] for name, run in runs.items() for r in run["headline"]]
-    blocks.append(("table", ["Axis", "Metric", "Split", "Direction"] + [label(m) for m in names], rows))
-    if summary.get("plot"):
-        blocks.append(("img", "Headline figures by axis and method", summary["plot"]))
-    caps = {name: run["capability"] for name, run in runs.items() if run.get("capability")}
-    if caps:
-        blocks += [("h2", "Capability retention (lm-evaluation-harness)"),
-                   ("p", "Per axis, the tasks run after its models were trained (change from that axis' base model "
-                         "with a Newcombe interval).")]
-        names_c = ordered([m for cap in caps.values() for m in capability_methods(cap)], METHOD_ORDER)
-        rows = [[name] + row for name, cap in caps.items() for row in capability_rows(cap, names_c)]
-        blocks.append(("table", ["Axis", "Task", "Metric"] + [label(m) for m in names_c] + ["Chance"], rows))
-    return blocks
-
-
-def write_summary(out: str | Path, axes: list[str], wall_seconds: float | None = None) -> dict:
-    """summary.json, report.md, report.html and plots/headlines.png for a run over several axes, from each
-    <out>/<axis>/results.json (missing or unreadable: an error naming the file). Returns the paths written."""
-    out = Path(out)
-    runs = {}
-    for name in axes:
-        path = out / name / "results.json"
-        try:
-            results = read_results(path)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: cannot read this axis' results ({e})") from None
-        runs[name] = {"model": results.get("model"), "dir": name, "wall_seconds": results.get("wall_seconds"),
-                      "headline": headline_rows(results), "capability": results.get("capability") or None}
-    summary = {"axes": list(axes), "runs": runs, "wall_seconds": wall_seconds}
-    if any(run["headline"] for run in runs.values()):
-        summary["plot"] = "plots/headlines.png"
-        plot_headlines(summary, out / summary["plot"])
-    blocks = summary_blocks(summary)
-    atomic_write(out / "report.md", render_markdown(blocks))
-    atomic_write(out / "report.html", render_html(blocks))
-    write_json(out / "summary.json", summary)  # last: its presence marks the run over all axes finished
-    return {"summary": out / "summary.json", "markdown": out / "report.md", "html": out / "report.html"}
