@@ -263,14 +263,14 @@ def across_seeds(axis, cfg: DemoConfig, methods: list[str], first: dict, others:
     (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and each
     pair of trained methods (opct.experiment.pairs) paired unit by unit within each seed; the methods' intervals come
     from the two-way bootstrap over seeds and units (`opct.experiment.compare_seeds`)."""
-    from opct.experiment import BASE, compare_seeds
+    from opct.experiment import BASE, compare_seeds, runs
 
     seeds = train_seeds(cfg)
-    every = {**first, **others}  # run name -> its evaluation
-    runs = {m: [axis.units(every[run_name(m, s, cfg)]) for s in seeds] for m in methods}
+    every = runs({"methods": first, "seed_runs": others})  # run name -> its evaluation
+    units = {m: [axis.units(every[run_name(m, s, cfg)]) for s in seeds] for m in methods}
     base = axis.units(first[BASE]) if BASE in first else {}
     return {"train_seeds": seeds, "runs": {m: [run_name(m, s, cfg) for s in seeds] for m in methods},
-            "table": compare_seeds(runs, base)}
+            "table": compare_seeds(units, base)}
 
 
 def preflight(cfg: DemoConfig):

@@ -125,6 +125,13 @@ def compare_seeds(units: dict[str, list[dict]], base: dict) -> dict:
     return table
 
 
+def runs(results: dict) -> dict[str, dict]:
+    """Every evaluated run of a demo's results, {run name: its evaluation}: base, each method's run of the first
+    training seed (results "methods", named after the method) and of the other seeds (results "seed_runs",
+    "<method>-seed<S>")."""
+    return {**(results.get("methods") or {}), **(results.get("seed_runs") or {})}
+
+
 def read_comparison(comparison: dict) -> dict:
     """A results.json "comparison" in this schema, from this opct or an earlier one. Earlier ones wrote each axis'
     own shapes: the sycophancy axis' {"vs_base": {method: {split: cell}}, "opct_minus_sft": {split: cell}} (metric

@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 
 from opct.data.io import read_jsonl, write_json
-from opct.experiment import BASE
+from opct.experiment import BASE, runs
 from opct.stats import result_rows
 
 
@@ -174,7 +174,6 @@ def write_logs(out: str | Path, results: dict) -> list[Path]:
     and other seeds' runs) that has per-example samples (samples/<run>.jsonl); returns the paths written."""
     out = Path(out)
     axis, model = results.get("axis", ""), results.get("model", "")
-    runs = {**(results.get("methods") or {}), **(results.get("seed_runs") or {})}
     written = [write_log(out / "inspect", axis, run, model if run == BASE else f"{model}+{run}",
-                         out / "samples" / f"{run}.jsonl", result, out) for run, result in runs.items()]
+                         out / "samples" / f"{run}.jsonl", result, out) for run, result in runs(results).items()]
     return [p for p in written if p is not None]
