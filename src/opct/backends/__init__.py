@@ -16,9 +16,10 @@ from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dt
 
 
 def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
-    """What a training config (RunConfig) asks of its backend: a decode_dtype other than the model's needs, on the
-    hf backend, a merged copy of a LoRA model to sample from; a vLLM sampler needs vllm (and a given server that
-    answers); --vllm-sleep an in-process engine on a GPU. Checked before a model loads."""
+    """What a training config (RunConfig, its sampler resolved by start_run) asks of its backend: a decode_dtype
+    other than the model's needs, on the hf backend, a merged copy of a LoRA model to sample from; a vLLM sampler
+    needs vllm (and a given server that answers); --vllm-sleep an in-process engine on a GPU. Checked before a model
+    loads."""
     decode_dtype = other_decode_dtype(cfg, dtype)
     if backend == "hf" and decode_dtype and not (cfg.merged_decode and cfg.lora_rank > 0):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
@@ -36,13 +37,13 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
                 lora_dropout: float = 0.0, prompt_lengths=(), train: bool = True) -> Policy:
     """The Policy of `backend` around a loaded (and, for training, LoRA-wrapped) model; with a vLLM `sampler`
     setting, wrapped so that vLLM samples (backends/vllm.py), its engine sized for the longest of `prompt_lengths`
-    (the student prompts, in tokens) plus max_new_tokens. `cfg`: a training config (RunConfig); with `train=False`
-    any config's execution settings (ExecConfig), and a policy for inference only (evaluation): no frozen teacher
-    copy, the model's own weights and dtype for decoding."""
-    if train and cfg.sampler == "auto":  # start_run resolves it; a policy built directly resolves it here
-        import dataclasses
-
-        cfg = dataclasses.replace(cfg, sampler=resolve_sampler(cfg, next(model.parameters()).device))
+    (the student prompts, in tokens) plus max_new_tokens. `cfg`: a training config (RunConfig) whose sampler is
+    resolved (train.loop.start_run; `resolve_sampler`), SFT's always "policy"; with `train=False` any config's
+    execution settings (ExecConfig), and a policy for inference only (evaluation): no frozen teacher copy, the
+    model's own weights and dtype for decoding."""
+    if train and cfg.sampler == "auto":
+        raise ValueError("make_policy needs a resolved --sampler (policy, vllm or vllm-server), got auto: "
+                         "train.loop.start_run resolves it (backends.resolve_sampler)")
     if backend == "cpu":
         from opct.backends.cpu import CPUPolicy
         from opct.config import CPUSettings
