@@ -11,7 +11,7 @@ import torch
 from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, Rollout, Scores
 from opct.backends.sampling import SamplingSettings
 from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dtype, resolve, resolve_backend,
-                                  resolve_device, resolve_dtype, resolve_eval_engine,
+                                  resolve_device, resolve_dtype, resolve_eval_engine, resolve_inference,
                                   resolve_sampler)
 
 
@@ -75,17 +75,19 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     return policy
 
 
-def inference_policy(name: str, cfg) -> Policy:
+def inference_policy(name: str, cfg, resolved: tuple | None = None) -> Policy:
     """The model `name` (alias, file, directory, Hub id) on the configured device and dtype, in an inference policy
     of the configured backend (`make_policy(..., train=False)`): what `opct eval` and the demo's evaluations run.
-    Where `eval_engine` resolves to vllm, a vLLM engine serving the same model generates (backends/vllm.py)."""
+    `cfg`: an evaluation's config (config.AxisOptions). Where its `eval_engine` resolves to vllm, a vLLM engine
+    serving the same model generates (backends/vllm.py). `resolved`: `resolve_inference(cfg)` where the caller has
+    it already (demo.capability_run), else resolved here."""
     from opct.models import eos_ids, load_model
 
-    device, dtype, backend = resolve(cfg)
+    device, dtype, backend, engine = resolved or resolve_inference(cfg)
     model, tok = load_model(name, device=device, dtype=dtype)
     eos = eos_ids(model, tok)
     policy = make_policy(backend, model, tok, eos, cfg, train=False)
-    if resolve_eval_engine(getattr(cfg, "eval_engine", "policy"), device) == "vllm":
+    if engine == "vllm":
         from opct.backends.vllm import VLLMPolicy, inference_sampler
 
         policy = VLLMPolicy(policy, inference_sampler(name, cfg, eos, device, dtype), train=False)
@@ -94,4 +96,5 @@ def inference_policy(name: str, cfg) -> Policy:
 
 __all__ = ["DTYPES", "BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "check_training",
            "data_parallel_backend", "inference_policy", "make_policy", "other_decode_dtype", "resolve",
-           "resolve_backend", "resolve_device", "resolve_dtype", "resolve_eval_engine", "resolve_sampler"]
+           "resolve_backend", "resolve_device", "resolve_dtype", "resolve_eval_engine", "resolve_inference",
+           "resolve_sampler"]
