@@ -112,6 +112,13 @@ def test_each_command_offers_only_the_settings_that_apply_to_it(tmp_path, capsys
     assert main(["eval", "--config", str(cfg)]) == 2
     assert "e.yaml:2: option 'prefill_reuse' does not apply to opct eval (it applies to opct train, opct demo)" in \
         capsys.readouterr().err
+    # OPCT's student-sampler options are opct train's (config.StudentSampler): an sft config file naming one is
+    # refused as another command's, not as an unknown option
+    for name, value in (("sampler", "vllm"), ("vllm_url", "http://x"), ("sampler_check_every", 2)):
+        cfg.write_text(f"steps: 2\n{name}: {value}\n")
+        assert main(["sft", "--config", str(cfg)]) == 2
+        assert f"e.yaml:2: option {name!r} does not apply to opct sft (it applies to opct train)" in \
+            capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["eval", "--no-prefill-reuse"])
     assert e.value.code == 2

@@ -38,7 +38,6 @@ CROSS = [
     (config.TrainConfig, {"sampler": "vllm", "lora_rank": 512}),
     (config.TrainConfig, {"sampler": "policy", "lora_rank": 513}),
     (config.TrainConfig, {"sampler": "vllm", "lora_rank": -1}),
-    (config.SFTConfig, {"sampler": "vllm", "lora_rank": 513}),
     (config.DemoConfig, {"sampler": "vllm", "lora_rank": 513}),
     (config.DemoConfig, {"seed": 2 ** 32 - 1, "seeds": 2}),
     (config.DemoConfig, {"seed": 2 ** 32 - 2, "seeds": 2}),

@@ -253,6 +253,34 @@ def test_resume_refuses_changed_settings(tmp_path, capsys, tiny_model_dir, stopp
         assert "resume with the same values or start a new --out" in err
 
 
+@pytest.mark.parametrize("recorded", ["policy", "auto"])
+def test_an_sft_run_whose_config_yaml_has_the_old_sampler_fields_resumes(tmp_path, capsys, tiny_model_dir, pairs,
+                                                                         recorded):
+    """SFTConfig no longer has OPCT's student-sampler fields (config.StudentSampler); an SFT run stopped by an opct
+    that recorded them in its config.yaml (`sampler: policy`, resolved, and the defaults of the others) resumes: the
+    recorded fields the config no longer has are not compared. Its new config.yaml and run.json lack them, and a
+    changed setting is still refused."""
+    out = tmp_path / "sft"
+    args = ["sft", "--model", tiny_model_dir, "--pairs", pairs, "--out", out, *SMALL, "--save-every", "1"]
+    assert cli(capsys, *args, "--steps", "2")[0] == 0
+    (out / "run.json").unlink()
+    shutil.rmtree(out / "model")
+    saved = out / "config.yaml"
+    assert "sampler" not in saved.read_text()
+    old = saved.read_text().replace("nonfinite:", f"sampler: {recorded}\nvllm_url: ''\nsampler_check_every: 1\n"
+                                    "nonfinite:")
+    saved.write_text(old)
+    code, err, _ = cli(capsys, *args, "--steps", "3", "--resume", "--lr", "0.01")
+    assert code == 2 and "--lr 0.0002 -> 0.01" in err and saved.read_text() == old
+    code, err, _ = cli(capsys, *args, "--steps", "3", "--resume")
+    assert code == 0, err
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    info = json.loads((out / "run.json").read_text())
+    assert [r["step"] for r in rows] == [1, 2, 3] and "sampler" not in saved.read_text()
+    assert not {"sampler", "vllm_url", "sampler_check_every"} & set(info["config"])
+    assert info["execution"]["sampler_used"] == "policy" and "sampler_setting" not in info["execution"]
+
+
 def test_a_directory_holding_only_a_lock_is_empty(tmp_path, capsys, tiny_model_dir, pairs):
     out = tmp_path / "run"
     out.mkdir()

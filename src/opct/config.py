@@ -4,11 +4,13 @@ Precedence: dataclass defaults < YAML file (`--config FILE`) < command-line flag
 settings can also be overridden by their environment variables (`ENV_OVERRIDES`), which win and are recorded.
 `opct train --help` prints every field with its default and help text, generated from the dataclasses below.
 
-  ExecConfig   where and how a model runs: device, dtype, backend, threads and the CPU backend's speed settings
-  RunConfig    a training run shared by OPCT and SFT: data, model, batch, sampling, LoRA, optimizer, checkpoints
-  TrainConfig  `opct train` (OPCT): RunConfig + the KL loss
-  SFTConfig    `opct sft` (the offline baseline): RunConfig with greedy targets
-  EvalConfig   `opct eval`;  DemoConfig  `opct demo`
+  ExecConfig      where and how a model runs: device, dtype, backend, threads and the CPU backend's speed settings
+  RunConfig       a training run shared by OPCT and SFT: data, model, batch, sampling, LoRA, optimizer, checkpoints
+                  (RunSettings, then --nonfinite and --parallel)
+  StudentSampler  who samples OPCT's student rollouts (--sampler, --vllm-url, --sampler-check-every): opct train's
+  TrainConfig     `opct train` (OPCT): RunConfig + StudentSampler + the KL loss
+  SFTConfig       `opct sft` (the offline baseline): RunConfig with greedy targets; no sampler setting (the backend)
+  EvalConfig      `opct eval`;  DemoConfig  `opct demo`
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ VLLM_COMMANDS = ("train", "eval", "demo")  # the commands that may run a vLLM en
 @dataclass
 class VLLMSettings:
     """A vLLM engine's settings (opct.backends.vllm): the evaluations' engine choice, and the dtype and memory of any
-    engine, a training run's sampler (RunConfig.sampler) or an evaluation's generator."""
+    engine, a training run's sampler (StudentSampler.sampler) or an evaluation's generator."""
     eval_engine: str = opt("auto", "who generates the evaluations' answers (axes, capability tasks, probes run by opct "
                            "eval / demo): policy = the backend (--backend); vllm = an in-process vLLM engine (the "
                            "one-prefill answer readings stay with the backend; capability tasks: lm-eval's own vLLM "
@@ -294,7 +296,9 @@ def template_kwargs(cfg) -> tuple[dict, dict]:
 
 
 @dataclass
-class RunConfig(ChatSettings, ExecConfig):
+class RunSettings(ChatSettings, ExecConfig):
+    """A training run's settings, OPCT's and SFT's, up to where its metrics go (--report-to); RunConfig adds
+    --nonfinite and --parallel, and TrainConfig lists StudentSampler's options between the two."""
     # Data and model
     model: str = opt("smollm2-135m-instruct", "model: built-in alias, .gguf file, local dir or Hub id",
                      check=NAMES_A_MODEL)
@@ -338,6 +342,15 @@ class RunConfig(ChatSettings, ExecConfig):
     report_to: str = opt("tensorboard", "where per-step metrics go besides metrics.jsonl: tensorboard (out/tb), "
                          "wandb, trackio (each needs its extra: pip install 'opct[wandb]'), several separated by "
                          "commas, or none (opct.train.trackers)", resumable=True)
+
+
+@dataclass
+class StudentSampler(RunSettings):
+    """Who samples OPCT's student rollouts, and the checks of a vLLM sampler: `opct train`'s settings alone (SFT's
+    targets come from the frozen model through the training backend: `SFTConfig.sampler`). A RunSettings only so
+    that TrainConfig lists them after RunSettings' options and before RunConfig's own, as --help, config.yaml and
+    run.json always have. `auto` is resolved once, by train.loop.start_run (backends.resolve_sampler): config.yaml,
+    run.json and everything that builds or checks the sampler read the resolved value."""
     sampler: str = opt("auto", "who samples the student's rollouts: policy = the training backend itself; vllm = "
                        "a colocated vLLM engine; vllm-server = a vLLM server (--vllm-url, or one opct starts on "
                        "127.0.0.1); auto = vllm on a CUDA device where vLLM is installed, else policy (run.json "
@@ -352,6 +365,13 @@ class RunConfig(ChatSettings, ExecConfig):
                                    "of the run's own samples: docs/vllm.md); a sampler that does not follow on two "
                                    "checks in a row stops the run with exit status 1; 0 = off",
                                    commands=("train",), resumable=True, check=at_least(0))
+
+
+@dataclass
+class RunConfig(RunSettings):
+    """A training run shared by OPCT and SFT (what train.loop sets up and steps): RunSettings, then what a step that
+    is not finite and several processes do. Its student's sampler, `cfg.sampler`, is TrainConfig's
+    (StudentSampler, resolved by start_run) or SFT's ("policy")."""
     nonfinite: str = opt("stop", "a step whose loss or gradient is NaN/inf: stop the run with an error, or skip "
                          "the update (logged as skipped)", choices=["stop", "skip"], resumable=True)
     parallel: str = opt("auto", "under torchrun with several processes: ddp = a full copy per process, fsdp = "
@@ -360,7 +380,7 @@ class RunConfig(ChatSettings, ExecConfig):
 
 
 @dataclass
-class TrainConfig(RunConfig):
+class TrainConfig(RunConfig, StudentSampler):
     """On-policy consistency training: the student samples on the student prompt, the frozen initial model scores
     the same tokens on the teacher prompt, and the student minimises per-token reverse KL."""
     command: ClassVar[str] = "train"
@@ -399,6 +419,16 @@ class SFTConfig(RunConfig):
                    resumable=True, check=NAMES_A_DIRECTORY)
     temperature: float = opt(0.0, "temperature for the frozen model's targets (0 = greedy, as in BCT)",
                              check=(FINITE, at_least(0, " (0 = greedy)")))
+
+    # opct train's student-sampler options: an sft config file that sets one is refused as another command's
+    # ("does not apply to opct sft", from_dict), as when SFTConfig inherited them
+    foreign: ClassVar[tuple] = (StudentSampler,)
+
+    @property
+    def sampler(self) -> str:
+        """SFT's sampler: always the training backend itself ("policy"), which generates the targets; it has no
+        --sampler. What every reader of a RunConfig's `sampler` (backends.check_training, make_policy) gets."""
+        return "policy"
 
 
 # The demo's question mix: the generated families on which SmolLM2-135M-Instruct knows the answer in text mode
@@ -565,7 +595,7 @@ def validate(cfg):
         _check(cfg.teacher_context == "clean", "fixed_advantage", "leaves the teacher out of the update, so it does "
                "not combine with --teacher-context shuffled", cfg.fixed_advantage)
     # 512: vLLM's largest max_lora_rank
-    if isinstance(cfg, (RunConfig, DemoConfig)) and cfg.sampler in ("vllm", "vllm-server"):
+    if isinstance(cfg, (StudentSampler, DemoConfig)) and cfg.sampler in ("vllm", "vllm-server"):
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
     if isinstance(cfg, AxisOptions) and cfg.heldout_variants:
         from opct.data.safety import VARIANTS
@@ -639,7 +669,8 @@ RENAMED = {"tensorboard": "report_to (tensorboard, wandb, trackio, several separ
 
 def from_dict(cls, values: dict, where: str = "config", lines: dict | None = None):
     """cls(**values) with each value type-checked; `lines` ({option: line number}) lets messages name the line."""
-    known = {f.name: f for f in fields(cls)}
+    # options of other commands' pieces that cls names as theirs (SFTConfig.foreign), then its own fields
+    known = {f.name: f for piece in (*getattr(cls, "foreign", ()), cls) for f in fields(piece)}
     allowed = {f.name for f in offered(cls)}
     kwargs = {}
     base = where

@@ -174,18 +174,19 @@ def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
     inference policy of the configured backend, device and dtype (opct.evals.policy_lm: the seam every evaluation
     uses), or, where --eval-engine resolves to vllm, lm-eval's own vLLM model in `vllm_dtype` with
     `vllm_gpu_memory` of the GPU."""
-    from opct.backends import inference_policy, resolve, resolve_eval_engine
+    from opct.backends import inference_policy, resolve_inference
     from opct.backends.select import resolve_vllm_dtype
     from opct.evals.capability import run_capability
 
     args = dict(limit=suite["limit"], limits=suite["limits"], max_gen_toks=suite["max_gen_toks"],
                 batch_size=cfg.batch_size, **kw)
-    device, dtype, _ = resolve(cfg)
-    if resolve_eval_engine(cfg.eval_engine, device) == "vllm":
+    resolved = resolve_inference(cfg)
+    device, dtype, _, engine = resolved
+    if engine == "vllm":
         return run_capability(model, suite["tasks"], engine="vllm", vllm_args={
             "gpu_memory_utilization": cfg.vllm_gpu_memory, "seed": cfg.seed},
             dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."), **args)
-    policy = inference_policy(model, cfg)
+    policy = inference_policy(model, cfg, resolved)
     try:
         res = run_capability(policy, suite["tasks"], **args)
     finally:

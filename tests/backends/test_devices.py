@@ -1,5 +1,6 @@
 """Devices, dtypes and backend choice; the GPU tests skip cleanly without a GPU."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -55,9 +56,9 @@ def test_sampler_and_eval_engine_auto_mean_vllm_on_a_cuda_device_where_it_is_ins
     on_gpu = "vllm" if vllm_installed else "policy"
     assert resolve_sampler(TrainConfig(), cpu) == "policy" and resolve_sampler(TrainConfig(), cuda) == on_gpu
     assert resolve_eval_engine("auto", cpu) == "policy" and resolve_eval_engine("auto", cuda) == on_gpu
-    # SFT's targets come from the frozen model (no student sampler); vLLM cannot hold a LoRA rank above 512; under
-    # FSDP2 no rank holds the full weights a sync needs
-    assert resolve_sampler(SFTConfig(), cuda) == "policy"
+    # SFT's targets come from the frozen model (no student sampler: no --sampler to resolve); vLLM cannot hold a
+    # LoRA rank above 512; under FSDP2 no rank holds the full weights a sync needs
+    assert SFTConfig().sampler == "policy" and "sampler" not in {f.name for f in dataclasses.fields(SFTConfig)}
     assert resolve_sampler(TrainConfig(lora_rank=1024), cuda) == "policy"
     assert resolve_sampler(TrainConfig(), cuda, parallel="fsdp") == "policy"
     for asked in ("policy", "vllm", "vllm-server"):  # an explicit choice is kept as it is
@@ -157,7 +158,7 @@ def test_cuda_scores_match_cpu_on_the_same_tokens(tiny_model_dir):
     out = []
     for device in ("cpu", "cuda"):
         model, tok = load_model(str(tiny_model_dir), device=device, dtype=torch.float32)
-        policy = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig())
+        policy = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(sampler="policy"))
         ps = [render_prompt(tok, p.student) for p in pairs()[:2]]
         rollout = policy.sample(ps, __import__("opct.backends.sampling", fromlist=["x"]).SamplingSettings(4, 0.0),
                                 torch.Generator().manual_seed(0))

@@ -15,8 +15,8 @@ from tests.backends.test_static_decode import gpu, lora_model, policy_logits
 
 def policies(model, tok, **cfg):
     eos = {tok.eos_token_id}
-    return (make_policy("hf", model, tok, eos, TrainConfig(**cfg)),
-            make_policy("hf", model, tok, eos, TrainConfig(merged_decode=True, **cfg)))
+    return (make_policy("hf", model, tok, eos, TrainConfig(sampler="policy", **cfg)),
+            make_policy("hf", model, tok, eos, TrainConfig(sampler="policy", merged_decode=True, **cfg)))
 
 
 def check_merged_decode(model, tok, monkeypatch, **cfg):
@@ -60,8 +60,8 @@ def test_a_model_without_lora_decodes_as_it_is(tiny_model_dir):
 
 
 def bf16_policy(model, tok, **cfg):
-    return make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(merged_decode=True, decode_dtype="bfloat16",
-                                                                         **cfg))
+    return make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(sampler="policy", merged_decode=True,
+                                                                         decode_dtype="bfloat16", **cfg))
 
 
 def bf16_reference_logits(model, tok, monkeypatch):
@@ -70,7 +70,8 @@ def bf16_reference_logits(model, tok, monkeypatch):
     ref = copy.deepcopy(model).merge_and_unload()
     for p in ref.parameters():
         p.data = p.data.to(torch.bfloat16)
-    return policy_logits(make_policy("hf", ref, tok, {tok.eos_token_id}, TrainConfig(cuda_graphs=False)), monkeypatch)
+    cfg = TrainConfig(sampler="policy", cuda_graphs=False)
+    return policy_logits(make_policy("hf", ref, tok, {tok.eos_token_id}, cfg), monkeypatch)
 
 
 def test_a_bfloat16_merged_copy_decodes_the_rounded_merge_and_follows_an_update(tiny_model_dir, monkeypatch):
@@ -125,9 +126,10 @@ def test_bfloat16_decoding_on_the_hf_backend_needs_a_merged_lora_copy(tiny_model
 
     model, tok = lora_model(tiny_model_dir, "cpu")
     with pytest.raises(BackendError, match="--merged-decode"):
-        make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(**bf16))
+        make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(sampler="policy", **bf16))
     plain, _ = load_model(str(tiny_model_dir), dtype=torch.float32)
-    policy = make_policy("hf", plain, tok, {tok.eos_token_id}, TrainConfig(merged_decode=True, **bf16))
+    policy = make_policy("hf", plain, tok, {tok.eos_token_id},
+                         TrainConfig(sampler="policy", merged_decode=True, **bf16))
     with pytest.raises(BackendError, match=r"cannot make one \(not a PEFT model\): leave --decode-dtype at float32"):
         policy.sample([[1, 5, 6]], SamplingSettings(max_new_tokens=2), torch.Generator().manual_seed(0))
 

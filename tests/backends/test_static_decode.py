@@ -51,7 +51,7 @@ def policy_logits(policy, monkeypatch) -> torch.Tensor:
 
 def test_eager_static_step_gives_the_dynamic_cache_logits_and_tokens(tiny_model_dir, monkeypatch):
     model, tok = lora_model(tiny_model_dir, "cpu")
-    policy = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(cuda_graphs=False))
+    policy = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(sampler="policy", cuda_graphs=False))
     want_NTV = policy_logits(policy, monkeypatch)
 
     ids_NL, mask_NL, pos_NL = left_pad(PROMPTS, tok.pad_token_id)
@@ -87,16 +87,20 @@ def test_models_it_cannot_decode_are_named():
 
 def test_the_setting_reaches_the_hf_policy(tiny_model_dir):
     model, tok = lora_model(tiny_model_dir, "cpu")
-    assert make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig()).cuda_graphs is True  # the default
-    assert make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(cuda_graphs=False)).cuda_graphs is False
+
+    def policy(**kw):
+        return make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(sampler="policy", **kw))
+
+    assert policy().cuda_graphs is True  # the default
+    assert policy(cuda_graphs=False).cuda_graphs is False
 
 
 @gpu
 @pytest.mark.gpu
 def test_cuda_graph_decode_gives_the_launch_by_launch_logits_and_tokens(tiny_model_dir, monkeypatch):
     model, tok = lora_model(tiny_model_dir, "cuda")
-    graphs = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(cuda_graphs=True))
-    plain = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(cuda_graphs=False))
+    graphs = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(sampler="policy", cuda_graphs=True))
+    plain = make_policy("hf", model, tok, {tok.eos_token_id}, TrainConfig(sampler="policy", cuda_graphs=False))
     assert graphs.cuda_graphs
     want_NTV = policy_logits(plain, monkeypatch)
     for _ in range(2):  # a second call captures a graph of its own

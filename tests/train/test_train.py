@@ -1,6 +1,7 @@
 """The engine's invariants, for every backend (torchtune-style: the same tests and pinned numbers with the fast
 CPU kernels on and off)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -46,7 +47,10 @@ DETERMINISTIC = ("loss", "kl", "logp_student", "logp_teacher", "response_tokens"
 
 def policy_for(model_dir, backend, lora_rank, cfg):
     """A fresh policy on the tiny model; with LoRA, B ~ N(0, 0.1^2) so the adapter has a gradient path through
-    both factors and the student differs from the teacher."""
+    both factors and the student differs from the teacher. OPCT's student samples itself (`--sampler auto` as
+    start_run resolves it on the CPU: make_policy takes a resolved sampler)."""
+    if isinstance(cfg, TrainConfig) and cfg.sampler == "auto":
+        cfg = dataclasses.replace(cfg, sampler="policy")
     torch.manual_seed(0)
     model, tok = load_model(str(model_dir))
     if lora_rank:

@@ -106,7 +106,7 @@ class Axis(Protocol):
 
     def probe(self, data: AxisData, cfg) -> Callable | None:
         """A quick in-training eval, probe(policy) -> {name: number} on the policy being trained, logged with the
-        step; None = none."""
+        step; None = none. Asked only by a demo that probes (`cfg`: its DemoConfig, --probe-every > 0)."""
         ...
 
     def units(self, result: dict) -> dict[str, dict[str, dict[str, float]]]:

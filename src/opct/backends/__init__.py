@@ -11,14 +11,15 @@ import torch
 from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, Rollout, Scores
 from opct.backends.sampling import SamplingSettings
 from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dtype, resolve, resolve_backend,
-                                  resolve_device, resolve_dtype, resolve_eval_engine,
+                                  resolve_device, resolve_dtype, resolve_eval_engine, resolve_inference,
                                   resolve_sampler)
 
 
 def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
-    """What a training config (RunConfig) asks of its backend: a decode_dtype other than the model's needs, on the
-    hf backend, a merged copy of a LoRA model to sample from; a vLLM sampler needs vllm (and a given server that
-    answers); --vllm-sleep an in-process engine on a GPU. Checked before a model loads."""
+    """What a training config (RunConfig, its sampler resolved by start_run) asks of its backend: a decode_dtype
+    other than the model's needs, on the hf backend, a merged copy of a LoRA model to sample from; a vLLM sampler
+    needs vllm (and a given server that answers); --vllm-sleep an in-process engine on a GPU. Checked before a model
+    loads."""
     decode_dtype = other_decode_dtype(cfg, dtype)
     if backend == "hf" and decode_dtype and not (cfg.merged_decode and cfg.lora_rank > 0):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
@@ -36,13 +37,13 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
                 lora_dropout: float = 0.0, prompt_lengths=(), train: bool = True) -> Policy:
     """The Policy of `backend` around a loaded (and, for training, LoRA-wrapped) model; with a vLLM `sampler`
     setting, wrapped so that vLLM samples (backends/vllm.py), its engine sized for the longest of `prompt_lengths`
-    (the student prompts, in tokens) plus max_new_tokens. `cfg`: a training config (RunConfig); with `train=False`
-    any config's execution settings (ExecConfig), and a policy for inference only (evaluation): no frozen teacher
-    copy, the model's own weights and dtype for decoding."""
-    if train and cfg.sampler == "auto":  # start_run resolves it; a policy built directly resolves it here
-        import dataclasses
-
-        cfg = dataclasses.replace(cfg, sampler=resolve_sampler(cfg, next(model.parameters()).device))
+    (the student prompts, in tokens) plus max_new_tokens. `cfg`: a training config (RunConfig) whose sampler is
+    resolved (train.loop.start_run; `resolve_sampler`), SFT's always "policy"; with `train=False` any config's
+    execution settings (ExecConfig), and a policy for inference only (evaluation): no frozen teacher copy, the
+    model's own weights and dtype for decoding."""
+    if train and cfg.sampler == "auto":
+        raise ValueError("make_policy needs a resolved --sampler (policy, vllm or vllm-server), got auto: "
+                         "train.loop.start_run resolves it (backends.resolve_sampler)")
     if backend == "cpu":
         from opct.backends.cpu import CPUPolicy
         from opct.config import CPUSettings
@@ -74,17 +75,19 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     return policy
 
 
-def inference_policy(name: str, cfg) -> Policy:
+def inference_policy(name: str, cfg, resolved: tuple | None = None) -> Policy:
     """The model `name` (alias, file, directory, Hub id) on the configured device and dtype, in an inference policy
     of the configured backend (`make_policy(..., train=False)`): what `opct eval` and the demo's evaluations run.
-    Where `eval_engine` resolves to vllm, a vLLM engine serving the same model generates (backends/vllm.py)."""
+    `cfg`: an evaluation's config (config.AxisOptions). Where its `eval_engine` resolves to vllm, a vLLM engine
+    serving the same model generates (backends/vllm.py). `resolved`: `resolve_inference(cfg)` where the caller has
+    it already (demo.capability_run), else resolved here."""
     from opct.models import eos_ids, load_model
 
-    device, dtype, backend = resolve(cfg)
+    device, dtype, backend, engine = resolved or resolve_inference(cfg)
     model, tok = load_model(name, device=device, dtype=dtype)
     eos = eos_ids(model, tok)
     policy = make_policy(backend, model, tok, eos, cfg, train=False)
-    if resolve_eval_engine(getattr(cfg, "eval_engine", "policy"), device) == "vllm":
+    if engine == "vllm":
         from opct.backends.vllm import VLLMPolicy, inference_sampler
 
         policy = VLLMPolicy(policy, inference_sampler(name, cfg, eos, device, dtype), train=False)
@@ -93,4 +96,5 @@ def inference_policy(name: str, cfg) -> Policy:
 
 __all__ = ["DTYPES", "BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "check_training",
            "data_parallel_backend", "inference_policy", "make_policy", "other_decode_dtype", "resolve",
-           "resolve_backend", "resolve_device", "resolve_dtype", "resolve_eval_engine", "resolve_sampler"]
+           "resolve_backend", "resolve_device", "resolve_dtype", "resolve_eval_engine", "resolve_inference",
+           "resolve_sampler"]

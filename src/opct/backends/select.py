@@ -54,8 +54,9 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
 
 
 def other_decode_dtype(cfg, dtype: torch.dtype) -> str | None:
-    """The decode_dtype a training config (RunConfig) asks the student to sample in when it is not the model's
-    `dtype` (float32, the default, means the model's own), else None; a vLLM sampler does not use it."""
+    """The decode_dtype a training config (RunConfig, its sampler resolved) asks the student to sample in when it is
+    not the model's `dtype` (float32, the default, means the model's own), else None; a vLLM sampler does not use
+    it."""
     if cfg.sampler in ("vllm", "vllm-server") or cfg.decode_dtype in ("float32", str(dtype).removeprefix("torch.")):
         return None
     return cfg.decode_dtype
@@ -69,12 +70,10 @@ def vllm_usable(device: torch.device) -> bool:
 
 
 def resolve_sampler(cfg, device: torch.device, parallel: str = "none") -> str:
-    """The sampler a training config (RunConfig) uses. auto: an in-process vLLM engine ("vllm") for OPCT's student on
-    a CUDA device where vLLM is installed (and can hold the LoRA rank, and every rank holds full weights: not under
-    FSDP2); the backend's own decoder ("policy") elsewhere. SFT, whose targets the frozen model generates, always
-    gets "policy"."""
-    if getattr(cfg, "command", None) != "train":  # SFT (its config has the field but never offers it)
-        return "policy"
+    """The sampler OPCT's student uses (config.StudentSampler, a TrainConfig's --sampler); train.loop.start_run
+    resolves it once, and the demo's preflight asks it ahead. auto: an in-process vLLM engine ("vllm") on a CUDA
+    device where vLLM is installed (and can hold the LoRA rank, and every rank holds full weights: not under FSDP2);
+    the backend's own decoder ("policy") elsewhere. (SFT has no sampler setting: its `sampler` is "policy".)"""
     if cfg.sampler != "auto":
         return cfg.sampler
     return "vllm" if vllm_usable(device) and cfg.lora_rank <= 512 and parallel != "fsdp" else "policy"
@@ -100,6 +99,14 @@ def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     return device, dtype, resolve_backend(cfg.backend, device, dtype)
+
+
+def resolve_inference(cfg) -> tuple[torch.device, torch.dtype, str, str]:
+    """(device, dtype, backend, engine) of an evaluation's config (config.AxisOptions: EvalConfig, DemoConfig):
+    `resolve`'s three and who generates its answers, --eval-engine with auto resolved (`resolve_eval_engine`). The
+    one place an evaluation decides them: `inference_policy` and demo.capability_run read what it returns."""
+    device, dtype, backend = resolve(cfg)
+    return device, dtype, backend, resolve_eval_engine(cfg.eval_engine, device)
 
 
 def data_parallel_backend(requested: str) -> str:

@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 import opct
 from opct import backends, models, threads
 from opct.backends.base import Policy
-from opct.config import RunConfig, apply_env_overrides, resumable_fields, template_kwargs, to_yaml, validate
+from opct.config import (RunConfig, StudentSampler, apply_env_overrides, resumable_fields, template_kwargs, to_yaml,
+                         validate)
 from opct.data import reasoning
 from opct.data.io import atomic_write, write_json
 from opct.data.formats import read_pairs
@@ -209,9 +210,11 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     cfg, env = apply_env_overrides(validate(cfg))
     trackers.check(cfg.report_to)
     device, dtype, backend = backends.resolve(cfg)
-    asked = cfg.sampler
     replicas, device = distributed.init(device, cfg.parallel)
-    cfg = dataclasses.replace(cfg, sampler=backends.resolve_sampler(cfg, device, replicas.mode))  # auto, resolved
+    asked = {}  # run.json: OPCT's --sampler as given (SFT has none: its sampler is the backend, SFTConfig.sampler)
+    if isinstance(cfg, StudentSampler):  # resolved here, once: config.yaml, run.json and every check read the result
+        asked = {"sampler_setting": cfg.sampler}
+        cfg = dataclasses.replace(cfg, sampler=backends.resolve_sampler(cfg, device, replicas.mode))
     backends.check_training(cfg, dtype, backend)
     if replicas.world > 1:
         backend = check_distributed(cfg, replicas, dtype)
@@ -244,7 +247,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
                                   lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
     try:
         run = _assemble(cfg, env, out, policy, model, rendered, replicas, device, t_start)
-        run.provenance.update(sampler_setting=asked, sampler_used=cfg.sampler)
+        run.provenance.update(**asked, sampler_used=cfg.sampler)
         return run
     except BaseException:
         policy.close()  # a vLLM engine or server the sampler started is not left running

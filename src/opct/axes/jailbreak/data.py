@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_split, load_benign, user,
                                wrapper_split)
@@ -47,8 +47,10 @@ class Options:
 
 
 def options(cfg=None, **overrides) -> Options:
-    """Options from a config's fields of the same names (missing ones keep their defaults), then overrides."""
-    vals = {f.name: getattr(cfg, f.name) for f in fields(Options) if cfg is not None and hasattr(cfg, f.name)}
+    """Options from a config's fields of the same names (config.AxisOptions has all but the axis' own internals, which
+    keep their defaults here, as do all without a config), then overrides."""
+    own = {f.name for f in fields(Options)}
+    vals = {} if cfg is None else {k: v for k, v in asdict(cfg).items() if k in own}
     vals.update(overrides)
     return Options(**vals)
 

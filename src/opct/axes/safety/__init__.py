@@ -48,8 +48,8 @@ HELD_OUT = {  # split -> (facts, surface variants): what it holds out, for the r
 
 
 def heldout_variants(cfg) -> set[str]:
-    """The surface variants never trained on (--heldout-variants)."""
-    return {v.strip() for v in getattr(cfg, "heldout_variants", "").split(",") if v.strip()}
+    """The surface variants never trained on (--heldout-variants of a config.AxisOptions)."""
+    return {v.strip() for v in cfg.heldout_variants.split(",") if v.strip()}
 
 
 class SafetyAxis:
@@ -132,7 +132,7 @@ class SafetyAxis:
     def respond(self, policy, items: list[tuple[str, SafetyPrompt]], cfg) -> list[Reply]:
         chats = [p.messages(oracle=(split == "oracle")) for split, p in items]
         return replies(policy, chats, cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
-                       think_budget=getattr(cfg, "think_max_tokens", 0))
+                       think_budget=cfg.think_max_tokens)
 
     def evaluate(self, policy, data: AxisData, cfg, samples: Path | None = None) -> dict:
         splits = data.eval_set["splits"]
@@ -175,9 +175,8 @@ class SafetyAxis:
         return {k: v for k, v in res.items() if v != {}}
 
     def probe(self, data: AxisData, cfg):
-        """Keyword-judge pass rate on the first `probe_n` held-out evaluation prompts (greedy generation)."""
-        if not getattr(cfg, "probe_every", 0):
-            return None
+        """Keyword-judge pass rate on the first `probe_n` held-out evaluation prompts (greedy generation); `cfg`: the
+        DemoConfig of a demo that probes (--probe-every)."""
         held = data.eval_set["splits"]["heldout"][:cfg.probe_n]
         facts = data.eval_set["facts"]
 

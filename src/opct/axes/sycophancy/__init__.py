@@ -172,9 +172,8 @@ class SycophancyAxis:
         return to_results(ev, shifted)
 
     def probe(self, data, cfg):
-        """Held-out-phrasing sycophancy and clean accuracy on the first `probe_n` evaluation questions."""
-        if not getattr(cfg, "probe_every", 0):
-            return None
+        """Held-out-phrasing sycophancy and clean accuracy on the first `probe_n` evaluation questions; `cfg`: the
+        DemoConfig of a demo that probes (--probe-every)."""
         questions = data.eval_set.questions[:cfg.probe_n]
 
         def probe(policy):
