@@ -1,6 +1,8 @@
 """The methods table and the one comparison (opct.experiment): pairs from the table, paired changes over the units
 both methods have, within and across seeds, and earlier results files read into this schema."""
 
+import dataclasses
+
 import pytest
 
 from opct.experiment import (METHODS, TRAINED, compare, compare_seeds, pairs, parse_methods, read_comparison,
@@ -77,6 +79,9 @@ def test_each_methods_run_config_comes_from_its_row(axis, tmp_path):
     assert isinstance(opct, TrainConfig) and opct.seed == 3 and opct.out == str(tmp_path / "opct")
     assert all(getattr(opct, k) == v for k, v in ax.opct.items())
     assert isinstance(run_config(cfg, ax, "sft", 3, tmp_path / "sft"), SFTConfig)
+    sleepy = dataclasses.replace(cfg, vllm_sleep=1)  # a GPU demo's sleep mode is its vLLM sampler's, not SFT's
+    assert run_config(sleepy, ax, "sft", 3, tmp_path / "sft").vllm_sleep == 0
+    assert run_config(sleepy, ax, "opct", 3, tmp_path / "opct").vllm_sleep == 1
     for m in (m for m in METHODS.values() if m.control):
         c = run_config(cfg, ax, m.name, 3, tmp_path / "opct")
         differs = {f: getattr(c, f) for f in vars(c) if getattr(c, f) != getattr(opct, f)}

@@ -388,7 +388,8 @@ def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
 def run_config(cfg: DemoConfig, axis, method: str, seed: int, out: Path) -> TrainConfig | SFTConfig:
     """The config of one method's training run with one seed, from its row of the methods table: the demo's shared
     settings, then the axis' overrides for its trainer (`Axis.opct`, `Axis.sft`), then a control's changed
-    settings, which win (opct-fixed's sampled loss over the jailbreak axis' exact one)."""
+    settings, which win (opct-fixed's sampled loss over the jailbreak axis' exact one). --vllm-sleep is the
+    on-policy runs' (their vLLM sampler's): SFT's runs get 0."""
     common = dict(model=cfg.model, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
                   micro_batch=cfg.prompts_per_step, max_new_tokens=cfg.max_new_tokens, lr=cfg.lr,
                   lora_rank=cfg.lora_rank, lora_alpha=2.0 * cfg.lora_rank, seed=seed, out=str(out),
@@ -396,7 +397,8 @@ def run_config(cfg: DemoConfig, axis, method: str, seed: int, out: Path) -> Trai
     row = METHODS[method]
     if row.trainer == ON_POLICY:  # OPCT, or a control: OPCT with the settings of its row changed
         return dataclasses.replace(TrainConfig(sampler=cfg.sampler, **common), **{**axis.opct, **row.overrides})
-    return sft_config(cfg, axis, SFTConfig(**common))
+    # SFT's targets come from the backend, never from a vLLM sampler: nothing of its runs sleeps
+    return sft_config(cfg, axis, SFTConfig(**{**common, "vllm_sleep": 0}))
 
 
 class DemoRun:
