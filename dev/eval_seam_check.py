@@ -25,7 +25,7 @@ def main():
     from conftest import make_tiny_model
 
     from opct.config import EvalConfig
-    from opct.demo import config_for_axis, run_eval
+    from opct.evaluate import config_for_axis, run_eval
 
     tmp = Path(tempfile.mkdtemp())
     model = a.model or str(make_tiny_model(tmp / "tiny"))

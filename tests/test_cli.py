@@ -231,10 +231,10 @@ def test_a_native_crash_in_a_command_prints_the_python_stack():
 
 def test_eval_prints_a_rate_over_no_item_as_a_dash(capsys, monkeypatch):
     """A thinking model whose every reasoning stayed open has rates over no item (value None): printed, not a crash."""
-    import opct.demo
+    import opct.evaluate
 
     empty = {"value": None, "lo": 0.0, "hi": 1.0, "n": 0}
-    monkeypatch.setattr(opct.demo, "run_eval", lambda cfg: {"sycophancy_rate": {"shifted_heldout_cues": empty}})
+    monkeypatch.setattr(opct.evaluate, "run_eval", lambda cfg: {"sycophancy_rate": {"shifted_heldout_cues": empty}})
     assert main(["eval", "--axis", "sycophancy", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "sycophancy_rate  shifted_heldout_cues   -    [0.000, 1.000]  n=0" in out

@@ -226,7 +226,8 @@ def test_an_older_demo_without_a_later_setting_is_not_resumed_with_its_new_behav
     import yaml
 
     from opct.config import DemoConfig, to_yaml
-    from opct.demo import config_for_axis, demo_state
+    from opct.demo import demo_state
+    from opct.evaluate import config_for_axis
 
     cfg = config_for_axis(DemoConfig, axis="safety", out=str(tmp_path / "d"))
     (tmp_path / "d").mkdir()

@@ -72,7 +72,8 @@ def test_each_methods_run_config_comes_from_its_row(axis, tmp_path):
     with a TypeError); SFT's run is an SFTConfig."""
     from opct.axes import get_axis
     from opct.config import DemoConfig, SFTConfig, TrainConfig
-    from opct.demo import config_for_axis, run_config
+    from opct.demo import run_config
+    from opct.evaluate import config_for_axis
 
     cfg, ax = config_for_axis(DemoConfig, axis=axis), get_axis(axis)
     opct = run_config(cfg, ax, "opct", 3, tmp_path / "opct")

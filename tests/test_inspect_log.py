@@ -176,7 +176,7 @@ def test_exporting_again_overwrites_and_replaces_opcts_older_logs_of_the_run_onl
 
 
 def test_an_eval_writes_its_log_beside_its_out_file_under_inspects_name(tmp_path):
-    """`opct eval --out X.json` (demo.run_eval): <created>_<axis>_X_<id>.json beside X.json, replacing X.inspect.json
+    """`opct eval --out X.json` (evaluate.run_eval): <created>_<axis>_X_<id>.json beside X.json, replacing X.inspect.json
     that opct wrote before; the same file's log exported again overwrites it, another out file's log stays."""
     out = demo_dir(tmp_path, "jailbreak")
     x = tmp_path / "evals" / "base_eval.json"

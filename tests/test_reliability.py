@@ -706,13 +706,13 @@ def test_a_judge_endpoint_that_does_not_answer_is_named_before_any_model_loads(c
 
 
 def test_a_judge_endpoint_that_stops_mid_run_is_one_line_and_exit_1(capsys, monkeypatch):
-    import opct.demo
+    import opct.evaluate
     from opct.judges.endpoint import EndpointError
 
     def dead(cfg):
         raise EndpointError("http://127.0.0.1:1/v1/chat/completions: no completion after 4 attempts; last error: x")
 
-    monkeypatch.setattr(opct.demo, "run_eval", dead)
+    monkeypatch.setattr(opct.evaluate, "run_eval", dead)
     code, err, _ = cli(capsys, "eval", "--axis", "safety")
     assert code == 1 and "no completion after 4 attempts" in err and "no results were written" in err
 

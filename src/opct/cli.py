@@ -74,14 +74,14 @@ def cmd_eval(args) -> None:
     check_output_file(cfg.out, "--out")
     before_torch(cfg)
     if cfg.tasks:
-        from opct.demo import run_capability_eval
+        from opct.evaluate import run_capability_eval
         from opct.evals.capability import format_results
 
         print(format_results(run_capability_eval(cfg)))
         if cfg.out:
             print(f"opct: wrote {cfg.out}")
         return
-    from opct.demo import run_eval
+    from opct.evaluate import run_eval
     from opct.stats import result_rows
 
     res = run_eval(cfg)

@@ -4,7 +4,8 @@
   2. base        evaluate the initial model on the axis' evaluation set
   3. sft         the offline baseline: SFT on (student prompt -> the frozen model's answers to the teacher prompt)
   4. opct        on-policy consistency training on the same pairs, same LoRA/optimizer/steps
-  5. evaluate    both trained models, loaded back from their saved directories (what `opct eval --axis` does)
+  5. evaluate    both trained models, loaded back from their saved directories (what `opct eval --axis` does:
+                 opct.evaluate)
   6. capability  lm-eval tasks on base / SFT / OPCT (optional)
   7. report      results.json (one schema for every axis), report.md / report.html with plots
 
@@ -39,160 +40,14 @@ from tqdm.auto import tqdm
 
 from opct import threads
 from opct.train import trackers
-from opct.config import (DemoConfig, EvalConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings,
-                         exec_settings, resumable_fields, to_yaml)
+from opct.config import (DemoConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings, exec_settings,
+                         resumable_fields, to_yaml)
 from opct.data.io import atomic_write, write_json
+from opct.evaluate import capability_run, check_eval_engine
 from opct.experiment import BASE, METHODS, ON_POLICY, compare, parse_methods
 
 
-def config_for_axis(cls=DemoConfig, **options):
-    """A DemoConfig / EvalConfig for the Python API, with the axis' defaults where `options` sets nothing (what the
-    CLI does with flags)."""
-    from opct.axes import axis_defaults
-    from opct.config import validate
-
-    known = {f.name for f in dataclasses.fields(cls)}
-    values = {**{k: v for k, v in axis_defaults(options).items() if k in known}, **options}
-    return validate(cls(**values))
-
-
-def eval_outputs(cfg: EvalConfig) -> dict[str, Path]:
-    """The files `opct eval --out X.json` writes, by role: the result X.json and, for an axis, its samples
-    X.samples.jsonl (the sycophancy axis' shifted splits: X.samples.shifted.jsonl) and an Inspect log beside them;
-    for --tasks, lm-eval's per-example samples in the directory X/ (X.json without its suffix). Checked before any
-    model loads (`check_eval_outputs`)."""
-    out = Path(cfg.out)
-    if cfg.tasks:
-        return {"result": out, "samples_dir": out.with_suffix("")}
-    return {"result": out, "samples": out.with_suffix(".samples.jsonl"),
-            "shifted": out.with_suffix(".samples.shifted.jsonl")}
-
-
-def check_eval_outputs(cfg: EvalConfig) -> None:
-    """`opct eval --out`'s files can all be written where they go (ConfigError otherwise): a result name with a
-    suffix where the samples go to a directory of the name without it (--tasks); no directory where a file goes; a
-    samples directory that holds only lm-eval samples (*.jsonl) of an earlier run, which this run replaces."""
-    from opct.config import ConfigError
-
-    if not cfg.out:
-        return
-    files = eval_outputs(cfg)
-    if cfg.tasks:
-        d = files["samples_dir"]
-        if d == files["result"]:
-            raise ConfigError(f"--out {cfg.out}: name the results file with a suffix, e.g. {cfg.out}.json: the "
-                              f"per-example samples go to the directory of its name without the suffix ({d}/)")
-        if d.exists() and not d.is_dir():
-            raise ConfigError(f"--out {cfg.out}: its per-example samples go to the directory {d}/, and {d} is a file")
-        other = sorted(p.name for p in d.iterdir() if p.suffix != ".jsonl") if d.is_dir() else []
-        if other:
-            raise ConfigError(f"--out {cfg.out}: its per-example samples go to {d}/, which holds other files than "
-                              f"an earlier run's samples ({', '.join(other[:3])}); choose another --out")
-    for role in ("samples", "shifted"):
-        if role in files and files[role].is_dir():
-            raise ConfigError(f"--out {cfg.out}: its per-example samples go to {files[role]}, which is a directory")
-
-
-def check_eval_engine(cfg) -> None:
-    """--eval-engine vllm needs vllm (an evaluation's engine, lm-eval's vLLM model): checked before any model loads."""
-    if cfg.eval_engine == "vllm":
-        from opct.extras import require
-
-        require("vllm", "--eval-engine vllm", "or --eval-engine policy")
-
-
-def run_eval(cfg: EvalConfig) -> dict:
-    """`opct eval --axis NAME`: one model on the axis' evaluation set (the same items `opct demo` evaluates with the
-    same options). Returns {"axis", "model", "info", **the axis' result}; with --out X.json, per-example samples go
-    next to it (X.samples.jsonl), and an Inspect log beside them (<created>_<axis>_X_<id>.json, opct.inspect_log):
-    written as one unit (opct.outputs.Staged), replacing an earlier run's, or, on failure, not at all."""
-    from opct.axes import get_axis
-    from opct.outputs import Staged
-
-    axis = get_axis(cfg.axis)
-    check_eval_outputs(cfg)
-    check_eval_engine(cfg)
-    axis.check(cfg)  # its own pre-flight (a judge endpoint that answers), before any model loads
-    threads.use(cfg.threads)
-    if not cfg.out:
-        return evaluate_axis(cfg, axis, None)
-    from opct.inspect_log import remove_stale, write_log
-
-    out = Path(cfg.out)
-    files = eval_outputs(cfg)
-    with Staged(out.parent) as stage:
-        samples = stage.dir / files["samples"].name
-        res = evaluate_axis(cfg, axis, samples)
-        write_json(stage.dir / out.name, res)
-        log = write_log(stage.dir, axis.name, "eval", cfg.model, samples, res, out, out.stem)
-        stage.commit(last=out.name, replaces=[files["samples"].name, files["shifted"].name])
-    if log is not None:  # an earlier opct log of this evaluation (another time's, or the old X.inspect.json name)
-        remove_stale(out.parent / log.name, "eval", out.stem, [out.with_suffix(".inspect.json")])
-    return res
-
-
-def evaluate_axis(cfg: EvalConfig, axis, samples: Path | None) -> dict:
-    """The axis' evaluation of cfg.model (its samples to `samples`), the model's policy closed after."""
-    from opct.backends import inference_policy
-
-    policy = inference_policy(cfg.model, cfg)
-    try:
-        data = axis.prepare(cfg, policy.tok)
-        return {"axis": axis.name, "model": cfg.model, "info": data.info,
-                **axis.evaluate(policy, data, cfg, samples=samples)}
-    finally:
-        policy.close()
-
-
-OFFLINE = {"auto": None, "on": True, "off": False}
 SAVE_EVERY = 10  # the demo's training runs checkpoint every 10 steps: a stopped demo loses at most that much
-
-
-def run_capability_eval(cfg: EvalConfig) -> dict:
-    """`opct eval --tasks`: lm-eval tasks on one model (`capability_run`); with --out X.json the result and its
-    per-example samples (X/<task>.jsonl) written as one unit (opct.outputs.Staged)."""
-    from opct.evals.capability import check_tasks, resolve_suite
-    from opct.outputs import Staged
-
-    check_eval_outputs(cfg)
-    check_eval_engine(cfg)
-    s = resolve_suite(cfg.tasks, cfg.limit or None)
-    check_tasks(s["tasks"], OFFLINE[cfg.offline], option="--tasks")  # an unknown task before the model loads
-    if not cfg.out:
-        return capability_run(cfg, cfg.model, s, offline=OFFLINE[cfg.offline])
-    out, samples_dir = Path(cfg.out), eval_outputs(cfg)["samples_dir"]
-    with Staged(out.parent) as stage:
-        res = capability_run(cfg, cfg.model, s, offline=OFFLINE[cfg.offline],
-                             log_samples_dir=stage.dir / samples_dir.name)
-        write_json(stage.dir / out.name, res)
-        stage.commit(last=out.name, replaces=[samples_dir.name])
-    return res
-
-
-def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
-    """lm-eval's tasks of `suite` (resolve_suite) on `model` (a name or a trained run's model/ directory): through an
-    inference policy of the configured backend, device and dtype (opct.evals.policy_lm: the seam every evaluation
-    uses), or, where --eval-engine resolves to vllm, lm-eval's own vLLM model in `vllm_dtype` with
-    `vllm_gpu_memory` of the GPU."""
-    from opct.backends import inference_policy, resolve_inference
-    from opct.backends.select import resolve_vllm_dtype
-    from opct.evals.capability import run_capability
-
-    args = dict(limit=suite["limit"], limits=suite["limits"], max_gen_toks=suite["max_gen_toks"],
-                batch_size=cfg.batch_size, **kw)
-    resolved = resolve_inference(cfg)
-    device, dtype, _, engine = resolved
-    if engine == "vllm":
-        return run_capability(model, suite["tasks"], engine="vllm", vllm_args={
-            "gpu_memory_utilization": cfg.vllm_gpu_memory, "seed": cfg.seed},
-            dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."), **args)
-    policy = inference_policy(model, cfg, resolved)
-    try:
-        res = run_capability(policy, suite["tasks"], **args)
-    finally:
-        policy.close()
-    res["_meta"]["model"] = model
-    return res
 
 
 class Stages:

@@ -112,7 +112,7 @@ def test_axis_defaults_apply_only_where_the_user_set_nothing(fake_axis, tmp_path
         del FakeAxis.defaults["steps"]
     assert ev.n_train == 5 and not hasattr(ev, "steps")
     # the Python API does the same
-    from opct.demo import config_for_axis
+    from opct.evaluate import config_for_axis
 
     api = config_for_axis(config.DemoConfig, axis="fake", max_new_tokens=9)
     assert (api.n_train, api.max_new_tokens, api.steps) == (5, 9, 25)

@@ -70,7 +70,7 @@ SIZES = {"sycophancy": dict(n_train=8, n_eval=16, cued_n=16),
 @pytest.mark.parametrize("axis", list(SIZES))
 def test_every_axis_evaluates_the_same_on_hf_and_cpu(tiny_model_dir, tmp_path, axis):
     from opct.config import EvalConfig
-    from opct.demo import config_for_axis, run_eval
+    from opct.evaluate import config_for_axis, run_eval
 
     runs = {}
     for backend in ("hf", "cpu"):

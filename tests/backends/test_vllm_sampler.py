@@ -301,7 +301,7 @@ def test_an_axis_evaluation_through_vllm_gives_the_backends_answers(model_dir, t
     from opct.algo.opct import train
     from opct.config import EvalConfig, TrainConfig
     from opct.data.pairs import load_pairs
-    from opct.demo import config_for_axis, run_eval
+    from opct.evaluate import config_for_axis, run_eval
 
     run = tmp_path / "run"
     train(TrainConfig(model="smollm2-135m-instruct", out=str(run), steps=2, prompts_per_step=4, micro_batch=4,

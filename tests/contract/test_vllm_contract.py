@@ -916,7 +916,7 @@ def test_the_environment_variables_opct_sets_are_vllms(launches, engines, model_
 
 
 def test_lm_evals_vllm_model_takes_opcts_arguments(model_dir, adapter_dir, monkeypatch):
-    """opct's capability run through lm-eval's VLLM (demo.capability_run -> run_capability -> make_lm), for a model
+    """opct's capability run through lm-eval's VLLM (evaluate.capability_run -> run_capability -> make_lm), for a model
     and for an opct LoRA adapter: lm-eval's VLLM.__init__ runs in full on opct's arguments, with `LLM` replaced by a
     stand-in that binds lm-eval's keywords against LLM.__init__ / EngineArgs and gives the engine config vLLM builds
     from them; lm-eval then uses vLLM's tokenizer and chat-template resolution for real. The adapter reaches lm-eval
@@ -934,7 +934,7 @@ def test_lm_evals_vllm_model_takes_opcts_arguments(model_dir, adapter_dir, monke
 
     import opct.evals.capability as capability
     from opct.config import EvalConfig
-    from opct.demo import capability_run
+    from opct.evaluate import capability_run
 
     LLM, LLMEngine, _ = engine_classes()
     made = []

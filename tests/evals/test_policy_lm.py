@@ -88,7 +88,7 @@ def test_demo_and_eval_hand_lm_eval_a_policy_unless_vllm_runs_it(tiny_model_dir,
     import dataclasses
 
     from opct.config import EvalConfig
-    from opct.demo import capability_run
+    from opct.evaluate import capability_run
     from opct.evals import capability
 
     seen = []

@@ -80,7 +80,7 @@ def inference_policy(name: str, cfg, resolved: tuple | None = None) -> Policy:
     of the configured backend (`make_policy(..., train=False)`): what `opct eval` and the demo's evaluations run.
     `cfg`: an evaluation's config (config.AxisOptions). Where its `eval_engine` resolves to vllm, a vLLM engine
     serving the same model generates (backends/vllm.py). `resolved`: `resolve_inference(cfg)` where the caller has
-    it already (demo.capability_run), else resolved here."""
+    it already (evaluate.capability_run), else resolved here."""
     from opct.models import eos_ids, load_model
 
     device, dtype, backend, engine = resolved or resolve_inference(cfg)
