@@ -100,7 +100,7 @@ def safety_blocks(results: dict, run_dir: Path) -> list:
         for f in held:
             row = [f] + [f"{per[m]['heldout'][f]:.2f}" if f in per[m].get("heldout", {}) else DASH for m in names]
             if len(header) > len(names) + 1:
-                row.append(f"{per['base']['oracle'].get(f, float('nan')):.2f}")
+                row.append(f"{per[BASE]['oracle'].get(f, float('nan')):.2f}")
             table.append(row)
         blocks.append(("table", header, table))
 
