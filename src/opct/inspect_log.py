@@ -33,11 +33,18 @@ from opct.stats import result_rows
 
 
 def sample_score(axis: str, row: dict) -> dict:
-    """{scorer name: Inspect Score} of one sample row of `axis`: the axis' own verdict (Axis.verdict); {} where
-    there is none, or for an axis this opct does not know."""
-    from opct.axes import AXES, get_axis
+    """{scorer name: Inspect Score} of one sample row of `axis`: the axis' own verdict (Axis.verdict; opct's axes'
+    from opct.axes.verdicts, which needs no torch); {} where there is none, or for an axis this opct does not know."""
+    from opct.axes import AXES
+    from opct.axes.verdicts import VERDICTS
 
-    return get_axis(axis).verdict(row) if axis in AXES else {}
+    if axis in VERDICTS:
+        return VERDICTS[axis](row)
+    if axis in AXES:  # an axis registered beside opct's own
+        from opct.axes import get_axis
+
+        return get_axis(axis).verdict(row)
+    return {}
 
 
 def sample_input(row: dict) -> list[dict]:

@@ -187,11 +187,10 @@ class SafetyAxis:
         return probe
 
     def verdict(self, row: dict) -> dict:
-        """Whether the judge passed the response (it gives the warning the fact needs, or none where none is)."""
-        if row.get("passed") is None:
-            return {}
-        return {"passed": {"value": int(bool(row["passed"])), "answer": "pass" if row["passed"] else "fail",
-                           "explanation": str(row.get("reason") or "")}}
+        """opct.axes.verdicts.safety: torch-free, for the Inspect export."""
+        from opct.axes.verdicts import safety
+
+        return safety(row)
 
     def units(self, result: dict) -> dict:
         """Per split, each fact's pass rate (heldout, heldout_variants, train) or over-warning rate (contrast)."""
