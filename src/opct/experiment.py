@@ -159,9 +159,7 @@ def read_comparison(comparison: dict) -> dict:
         for split, cell in cells.items():
             metric = next((mt for mt, sp in out.get(key(a, BASE), {}).items() if split in sp), "sycophancy_rate")
             out.setdefault(k, {}).setdefault(metric, {})[split] = cell
-    ranked = ordered([k.split("_minus_")[0] for k in out])
-    return {k: {mt: {s: c for s, c in sp.items() if c} for mt, sp in out[k].items()}
-            for k in sorted(out, key=lambda k: (ranked.index(k.split("_minus_")[0]), k))}
+    return {k: {mt: {s: c for s, c in sp.items() if c} for mt, sp in tables.items()} for k, tables in out.items()}
 
 
 def read_results(results: dict, where: str = "results.json") -> dict:
