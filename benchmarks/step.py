@@ -70,8 +70,9 @@ def parse_sets(items: list[str]) -> dict:
 def step_config(out: str, model: str, batch: int, steps: int, max_new_tokens: int, lora_rank: int, **overrides):
     """The benchmark's TrainConfig: one micro-batch of `batch` prompts a step, plain sampling at temperature 1,
     LoRA alpha = 2 x rank, no checkpoints; `overrides` set any other key, type-checked as a config file's are
-    (`config.from_dict`: an unknown key or a wrong type is a ConfigError)."""
-    from opct.config import TrainConfig, from_dict
+    (`opct.options.from_dict`: an unknown key or a wrong type is a ConfigError)."""
+    from opct.config import TrainConfig
+    from opct.options import from_dict
 
     values = {"model": model, "out": out, "steps": steps, "prompts_per_step": batch, "micro_batch": batch,
               "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "lora_rank": lora_rank,

@@ -165,12 +165,12 @@ def test_lora_rank_above_the_hidden_size_is_an_error(tmp_path, capsys, tiny_mode
 def test_yaml_scientific_notation_is_a_float(tmp_path):
     import argparse
 
-    from opct import config
+    from opct import config, options
 
     y = tmp_path / "c.yaml"
     y.write_text("lr: 1e-4\n")
     p = argparse.ArgumentParser()
-    config.add_arguments(p, config.TrainConfig)
+    options.add_arguments(p, config.TrainConfig)
     assert config.build(config.TrainConfig, p.parse_args(["--config", str(y)])).lr == 1e-4
 
 

@@ -225,7 +225,8 @@ def test_an_older_demo_without_a_later_setting_is_not_resumed_with_its_new_behav
 
     import yaml
 
-    from opct.config import DemoConfig, to_yaml
+    from opct.config import DemoConfig
+    from opct.options import to_yaml
     from opct.demo import demo_state
     from opct.evaluate import config_for_axis
 

@@ -16,7 +16,7 @@ ERRORS = {
     "AxisError": ("opct.axes", UserError, ValueError),
     "BackendError": ("opct.backends.base", UserError, ValueError),
     "CheckpointError": ("opct.train.checkpoint", UserError, ValueError),
-    "ConfigError": ("opct.config", UserError, ValueError),
+    "ConfigError": ("opct.options", UserError, ValueError),
     "DistributedError": ("opct.train.distributed", UserError, RuntimeError),
     "HarmfulDataError": ("opct.data.harmful", UserError, ValueError),
     "JudgeError": ("opct.judges.safety", UserError, ValueError),
@@ -101,7 +101,7 @@ def test_a_machine_error_says_how_to_go_on_and_a_user_error_does_not(monkeypatch
     monkeypatch.setattr(cli, "cmd_eval", raising(WriteError("results.json: disk full")))
     assert cli.main(["eval", "--axis", "sycophancy"]) == 1
     assert capsys.readouterr().err == f"opct: error: results.json: disk full{cli.AFTER_FAILURE['eval']}\n"
-    monkeypatch.setattr(cli, "cmd_eval", raising(opct.config.ConfigError("--axis: no such axis")))
+    monkeypatch.setattr(cli, "cmd_eval", raising(opct.options.ConfigError("--axis: no such axis")))
     assert cli.main(["eval", "--axis", "sycophancy"]) == 2
     assert capsys.readouterr().err == "opct: error: --axis: no such axis\n"
 

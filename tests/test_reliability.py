@@ -310,7 +310,8 @@ def test_a_resume_that_changes_only_where_and_how_fast_it_runs_is_accepted(tmp_p
 
 
 def test_what_a_resume_may_change_is_derived_from_the_fields():
-    from opct.config import CPU, ExecConfig, SFTConfig, TrainConfig, resumable_fields
+    from opct.config import CPU, ExecConfig, SFTConfig, TrainConfig
+    from opct.options import resumable_fields
 
     speed = {f.name for f in dataclasses.fields(ExecConfig) if f.metadata["group"] == CPU}
     for cls in (TrainConfig, SFTConfig):
@@ -445,12 +446,12 @@ def test_bad_config_files(tmp_path, capsys, text, expect):
 def test_config_files_say_what_users_write(tmp_path):
     import argparse
 
-    from opct import config
+    from opct import config, options
 
     y = tmp_path / "c.yaml"
     y.write_bytes(b"\xef\xbb\xbfsteps: 1e3\nsave_every: 20.0\nlr: 1e-4\n")  # a byte-order mark, YAML 1.1 numbers
     p = argparse.ArgumentParser()
-    config.add_arguments(p, config.TrainConfig)
+    options.add_arguments(p, config.TrainConfig)
     cfg = config.build(config.TrainConfig, p.parse_args(["--config", str(y)]))
     assert (cfg.steps, cfg.save_every, cfg.lr) == (1000, 20, 1e-4)
 

@@ -10,7 +10,8 @@ import torch
 
 from opct import threads
 from opct.algo.opct import train
-from opct.config import ConfigError, TrainConfig, apply_env_overrides
+from opct.config import TrainConfig
+from opct.options import ConfigError, apply_env_overrides
 from opct.data.pairs import ConsistencyPair
 
 BUSY = "x = 0\nwhile True:\n    x = (x * 1103515245 + 12345) % 2147483648\n"

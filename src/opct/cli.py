@@ -14,14 +14,14 @@ import sys
 import threading
 from pathlib import Path
 
-from opct import __version__, config
+from opct import __version__, config, options
 from opct.errors import MachineError, UserError
 
 
 def before_torch(cfg) -> None:
     """Process settings that must precede torch's first allocation (the cpu backend's huge_pages: cpu/process.py)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cfg, _ = config.apply_env_overrides(cfg)
+    cfg, _ = options.apply_env_overrides(cfg)
     if cfg.huge_pages and cfg.backend in ("auto", "cpu") and cfg.device in ("auto", "cpu"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
@@ -51,10 +51,10 @@ def check_output_file(path: str, option: str) -> None:
         return
     p = Path(path)
     if p.is_dir():
-        raise config.ConfigError(f"{option} {path}: is a directory; give a file name for the JSON results")
+        raise options.ConfigError(f"{option} {path}: is a directory; give a file name for the JSON results")
     parent = next((q for q in p.parents if q.exists()), Path("."))
     if not parent.is_dir():
-        raise config.ConfigError(f"{option} {path}: cannot be created: {parent} is a file, not a directory")
+        raise options.ConfigError(f"{option} {path}: cannot be created: {parent} is a file, not a directory")
 
 
 def check_output_dir(path: str, option: str) -> None:
@@ -62,7 +62,7 @@ def check_output_dir(path: str, option: str) -> None:
     p = Path(path)
     existing = p if p.exists() else next((q for q in p.parents if q.exists()), Path("."))
     if not existing.is_dir():
-        raise config.ConfigError(f"{option} {path}: cannot be used as the output directory: {existing} is a file")
+        raise options.ConfigError(f"{option} {path}: cannot be used as the output directory: {existing} is a file")
 
 
 def cmd_eval(args) -> None:
@@ -101,7 +101,7 @@ ONE_AXIS_OPTIONS = ("source", "eval_source")
 def cmd_demo(args) -> None:
     from opct.axes import axis_defaults, axis_names
 
-    user = config.user_values(config.DemoConfig, args)
+    user = options.user_values(config.DemoConfig, args)
     names = axis_names(user.get("axis") or config.DemoConfig.axis)
     if len(names) == 1:
         cfg = config.build(config.DemoConfig, args, defaults=axis_defaults, overrides={"axis": names[0]})
@@ -115,7 +115,7 @@ def cmd_demo(args) -> None:
         return
     for name in ONE_AXIS_OPTIONS:
         if name in user:
-            raise config.ConfigError(f"option --{name.replace('_', '-')} names one axis' data; with several axes "
+            raise options.ConfigError(f"option --{name.replace('_', '-')} names one axis' data; with several axes "
                                      f"(--axis {user['axis']}) each reads its own: run `opct demo --axis NAME "
                                      f"--{name.replace('_', '-')} ...` for that axis")
     args.stopped_in = "demo over several axes"  # what a failure from here on says (after_failure)
@@ -145,7 +145,7 @@ def cmd_report(args) -> None:
             prior = json.loads(summary.read_text())
             axes, wall = prior["axes"], prior.get("wall_seconds")
         except (ValueError, KeyError, TypeError) as e:
-            raise config.ConfigError(f"{summary}: not a summary `opct demo --axis all` wrote ({e})") from None
+            raise options.ConfigError(f"{summary}: not a summary `opct demo --axis all` wrote ({e})") from None
         for name in axes:
             write_report(Path(args.run_dir) / name)
         paths = write_summary(args.run_dir, axes, wall_seconds=wall)
@@ -156,10 +156,10 @@ def cmd_report(args) -> None:
             loaded = json.loads(results.read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             where = f"{results}:{e.lineno}" if isinstance(e, json.JSONDecodeError) else str(results)
-            raise config.ConfigError(f"{where}: not valid JSON ({getattr(e, 'msg', e)}); it is written by "
+            raise options.ConfigError(f"{where}: not valid JSON ({getattr(e, 'msg', e)}); it is written by "
                                      "`opct demo`") from None
         if not isinstance(loaded, dict):
-            raise config.ConfigError(f"{results}: expected a JSON object (a demo's results), got "
+            raise options.ConfigError(f"{results}: expected a JSON object (a demo's results), got "
                                      f"{type(loaded).__name__}")
 
     paths = write_report(args.run_dir)
@@ -172,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="OPCT on a JSONL of consistency pairs",
                        description=config.TrainConfig.__doc__ + " Options may also come from --config YAML.")
-    config.add_arguments(p, config.TrainConfig)
+    options.add_arguments(p, config.TrainConfig)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("sft", help="the offline baseline: SFT on the frozen model's clean-prompt answers (BCT)",
                        description=config.SFTConfig.__doc__)
-    config.add_arguments(p, config.SFTConfig)
+    options.add_arguments(p, config.SFTConfig)
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("eval", help="evaluate a model on an axis (--axis sycophancy, safety, jailbreak) or on "
@@ -191,14 +191,14 @@ def main(argv: list[str] | None = None) -> int:
                                    "jailbreak: greedy answers to bare and wrapped harmful requests judged for refusal "
                                    "per split, the adaptive per-target attack, and over-refusal on benign "
                                    "look-alikes.")
-    config.add_arguments(p, config.EvalConfig)
+    options.add_arguments(p, config.EvalConfig)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("demo", help="an axis end to end: eval base -> SFT -> OPCT -> eval -> report",
                        description="Evaluate the base model, train the SFT baseline and OPCT on the same consistency "
                                    "pairs of an axis (--axis sycophancy by default, safety or jailbreak), evaluate "
                                    "both, and write results.json + report.md/html with plots. Each axis sets its own "
                                    "defaults (model, sizes, steps) for the options you do not set.")
-    config.add_arguments(p, config.DemoConfig)
+    options.add_arguments(p, config.DemoConfig)
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("report", help="(re)write report.md/html + plots from a demo's results.json")
     p.add_argument("run_dir")

@@ -40,8 +40,8 @@ from tqdm.auto import tqdm
 
 from opct import threads
 from opct.train import trackers
-from opct.config import (DemoConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings, exec_settings,
-                         resumable_fields, to_yaml)
+from opct.config import DemoConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings, exec_settings
+from opct.options import resumable_fields, to_yaml
 from opct.data.io import atomic_write, write_json
 from opct.evaluate import capability_run, check_eval_engine
 from opct.experiment import BASE, METHODS, ON_POLICY, compare, parse_methods
@@ -163,7 +163,7 @@ def preflight(cfg: DemoConfig):
 
 SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
 # What may differ between a demo and the command that continues it: where it writes and reports, and where and how
-# fast it runs (the execution settings a resumed training run may change, config.opt(resumable=...)).
+# fast it runs (the execution settings a resumed training run may change, opct.options.opt(resumable=...)).
 NOT_SETTINGS = {"out", "resume", "report_to"} | resumable_fields(ExecConfig)
 
 
@@ -176,7 +176,7 @@ def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
     """A demo's output directory against this config: ("new", []) absent or empty; ("done", []) results.json
     written with these settings; ("unfinished", []) these settings, no results.json (stopped: --resume continues
     it); ("other", changed settings) another command's run (changed = [] when it is no demo)."""
-    from opct.config import read_yaml
+    from opct.options import read_yaml
 
     d = Path(cfg.out)
     if not d.exists() or not any(d.iterdir()):

@@ -42,7 +42,7 @@ def check_eval_outputs(cfg: EvalConfig) -> None:
     """`opct eval --out`'s files can all be written where they go (ConfigError otherwise): a result name with a
     suffix where the samples go to a directory of the name without it (--tasks); no directory where a file goes; a
     samples directory that holds only lm-eval samples (*.jsonl) of an earlier run, which this run replaces."""
-    from opct.config import ConfigError
+    from opct.options import ConfigError
 
     if not cfg.out:
         return

@@ -9,7 +9,8 @@ import torch
 from opct.algo import losses
 from opct.algo.opct import KL_HEAD, consistency_loss, other_contexts, train
 from opct.backends.base import Scores
-from opct.config import ConfigError, TrainConfig, validate
+from opct.config import TrainConfig, validate
+from opct.options import ConfigError
 from opct.train.loop import RunError
 from tests.train.test_train import cfg_for, make_pairs
 

@@ -8,8 +8,9 @@ import json
 import pytest
 import yaml
 
-from opct import config
+from opct import config, options
 from opct.axes import AXES, AxisError, axis_defaults, get_axis
+from opct.axes.options import DEMO_SOURCE
 from opct.axes.base import AxisData, Metric, respond
 from opct.stats import result_rows
 from opct.cli import main
@@ -70,7 +71,7 @@ def fake_axis(monkeypatch):
 
 def parsed(cls, argv):
     p = argparse.ArgumentParser()
-    config.add_arguments(p, cls)
+    options.add_arguments(p, cls)
     return p.parse_args(argv)
 
 
@@ -95,7 +96,7 @@ def test_axis_defaults_apply_only_where_the_user_set_nothing(fake_axis, tmp_path
                                       defaults=axis_defaults)
     plain = build([])
     assert (plain.axis, plain.n_train, plain.max_new_tokens, plain.source) == ("sycophancy", 100, 16,
-                                                                              config.DEMO_SOURCE)
+                                                                              DEMO_SOURCE)
     fake = build(["--axis", "fake", "--steps", "5"])
     assert (fake.steps, fake.n_train, fake.max_new_tokens) == (5, 5, 3)
     fake = build(["--axis", "fake", "--max-new-tokens", "9"])
@@ -116,7 +117,7 @@ def test_axis_defaults_apply_only_where_the_user_set_nothing(fake_axis, tmp_path
 
     api = config_for_axis(config.DemoConfig, axis="fake", max_new_tokens=9)
     assert (api.n_train, api.max_new_tokens, api.steps) == (5, 9, 25)
-    with pytest.raises(config.ConfigError, match="--n-train"):
+    with pytest.raises(options.ConfigError, match="--n-train"):
         config_for_axis(config.DemoConfig, axis="fake", n_train=-1)
 
 
@@ -188,7 +189,7 @@ def test_safety_prepare_splits_by_fact_and_picks_untrained_prompts_for_the_train
     every = get_axis("safety").prepare(dataclasses.replace(cfg, heldout_variants=""), tokenizer)
     assert "heldout_variants" not in every.eval_set["splits"]
     assert {p.meta["variant"] for p in every.train_pairs} & held_v  # all seven variants trained on
-    with pytest.raises(config.ConfigError, match="heldout-variants"):
+    with pytest.raises(options.ConfigError, match="heldout-variants"):
         config.validate(dataclasses.replace(cfg, heldout_variants="urgent,shouting"))
 
 

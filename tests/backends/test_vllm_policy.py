@@ -135,7 +135,8 @@ def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir,
 
 def test_the_kv_cache_size_reaches_vllm_as_a_whole_number_and_its_sockets_a_fresh_directory(monkeypatch):
     from opct.backends import vllm_sampler
-    from opct.config import ConfigError, TrainConfig, validate
+    from opct.config import TrainConfig, validate
+    from opct.options import ConfigError
 
     monkeypatch.setattr(vllm_sampler, "_USER_SET", frozenset())
     env = {}
@@ -242,7 +243,8 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
 
 def test_a_lora_rank_vllm_cannot_hold_is_refused_with_a_vllm_sampler():
     from opct.backends.vllm_sampler import max_lora_rank
-    from opct.config import ConfigError, TrainConfig, validate
+    from opct.config import TrainConfig, validate
+    from opct.options import ConfigError
 
     assert [max_lora_rank(r) for r in (1, 8, 9, 33, 512)] == [8, 8, 16, 64, 512]
     validate(TrainConfig(lora_rank=1024))  # the training backend alone has no such limit

@@ -159,7 +159,7 @@ def test_mixture_parsing_and_counts():
 
 
 def test_default_demo_source_loads():
-    from opct.config import DEMO_SOURCE
+    from opct.axes.options import DEMO_SOURCE
 
     qs = load_mcq(DEMO_SOURCE, n=40, seed=0)
     assert len(qs) == 40

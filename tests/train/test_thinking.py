@@ -9,7 +9,8 @@ import torch
 
 from opct.algo.opct import opct_step, train
 from opct.backends.base import Policy, Rollout
-from opct.config import ConfigError, SFTConfig, template_kwargs, validate
+from opct.config import SFTConfig, template_kwargs, validate
+from opct.options import ConfigError
 from opct.data import reasoning
 from opct.data.pairs import ConsistencyPair
 from opct.train.loop import RunError, render_pairs

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from opct import config
+from opct import config, options
 from opct.algo.opct import opct_step, train
 from opct.backends import make_policy
 from opct.backends.base import Rollout
@@ -296,14 +296,14 @@ def test_yaml_then_cli_precedence(tmp_path):
     y = tmp_path / "c.yaml"
     y.write_text("lr: 0.001\nsteps: 7\nloss: topk\n")
     p = argparse.ArgumentParser()
-    config.add_arguments(p, TrainConfig)
+    options.add_arguments(p, TrainConfig)
     cfg = config.build(TrainConfig, p.parse_args(["--config", str(y), "--steps", "9"]))
     assert (cfg.lr, cfg.steps, cfg.loss, cfg.temperature) == (0.001, 9, "topk", 1.0)
     y.write_text("lr: fast\n")
-    with pytest.raises(config.ConfigError, match=r"c.yaml:1: option 'lr' must be float"):
+    with pytest.raises(options.ConfigError, match=r"c.yaml:1: option 'lr' must be float"):
         config.build(TrainConfig, p.parse_args(["--config", str(y)]))
     y.write_text("learning_rate: 1\n")
-    with pytest.raises(config.ConfigError, match="unknown option 'learning_rate'"):
+    with pytest.raises(options.ConfigError, match="unknown option 'learning_rate'"):
         config.build(TrainConfig, p.parse_args(["--config", str(y)]))
 
 

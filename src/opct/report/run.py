@@ -383,7 +383,7 @@ def controls_blocks(results: dict) -> list:
 
 def settings_rows(config: dict, axis: str) -> list[list[str]]:
     """The demo config as (setting, value) rows, less what does not apply to `axis`: other axes' options
-    (config.opt(axes=...)) and execution settings at their defaults."""
+    (opct.options.opt(axes=...)) and execution settings at their defaults."""
     from dataclasses import fields
 
     from opct.config import CPU, EXEC, DemoConfig

@@ -31,14 +31,14 @@ from tqdm.auto import tqdm
 import opct
 from opct import backends, models, threads
 from opct.backends.base import Policy
-from opct.config import (RunConfig, StudentSampler, apply_env_overrides, resumable_fields, template_kwargs, to_yaml,
-                         validate)
+from opct.config import RunConfig, StudentSampler, template_kwargs, validate
 from opct.data import reasoning
 from opct.data.io import atomic_write, write_json
 from opct.data.formats import read_pairs
 from opct.data.pairs import ConsistencyPair, PairsError, render_prompt
 from opct.errors import UserError
 from opct.models import add_lora, load_model
+from opct.options import apply_env_overrides, read_yaml, resumable_fields, to_yaml
 from opct.train import checkpoint, distributed, trackers
 from opct.train.metrics import MetricsLog, peak_rss_mb
 
@@ -55,7 +55,7 @@ def seed_everything(seed: int) -> None:
 
 def check_out_dir(cfg: RunConfig) -> Path:
     """Fail before any work if the output directory is unusable or would be silently overwritten; on --resume,
-    refuse settings that differ from the run's own (other than `config.resumable_fields`)."""
+    refuse settings that differ from the run's own (other than `opct.options.resumable_fields`)."""
     out = Path(cfg.out)
     existing = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
     if not existing.is_dir():
@@ -70,11 +70,9 @@ def check_out_dir(cfg: RunConfig) -> Path:
         raise RunError(f"{out}: this run already finished (run.json); choose another --out")
     saved = out / "config.yaml"
     if saved.is_file():
-        from opct.config import read_yaml
-
         before, _ = read_yaml(saved)  # a damaged file: ConfigError naming it (and the line)
         now = dataclasses.asdict(cfg)
-        may_change = resumable_fields(type(cfg))  # where and how fast it runs, run management (config.opt)
+        may_change = resumable_fields(type(cfg))  # where and how fast it runs, run management (opct.options.opt)
         changed = sorted(k for k in now if k in before and k not in may_change and before[k] != now[k])
         if changed:
             diffs = ", ".join(f"--{k.replace('_', '-')} {before[k]!r} -> {now[k]!r}" for k in changed)

@@ -56,8 +56,8 @@ class JailbreakAxis:
     summary = ("harmful requests in jailbreak wrappers vs the bare request; attack success per wrapper split, "
                "adaptive attack, over-refusal")
     # DemoConfig / EvalConfig values for this axis, sized for a 2-core CPU (docs/jailbreak.md): every option of
-    # `Options` (the one place the axis' own defaults are written; config.build keeps those a config has), then the
-    # run's sizes.
+    # `Options` (its flags' defaults come from opct.axes.options, where each is written once, and the shared ones'
+    # are the axis' own; config.build keeps those a config has), then the run's sizes.
     defaults = {**{f.name: f.default for f in fields(Options)}, "model": "qwen2.5-coder-0.5b-instruct", "steps": 20,
                 "prompts_per_step": 8, "max_new_tokens": 32, "lr": 3e-4, "lora_rank": 16, "probe_every": 0,
                 "capability": ""}

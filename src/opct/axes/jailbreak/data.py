@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 
 from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_split, load_benign, user,
                                wrapper_split)
+from opct.axes import options as options_of
 from opct.axes.base import AxisData
 from opct.data.pairs import ConsistencyPair
 from opct.data.threats import THREATS, parse_threats, threat_items, threat_pairs
@@ -19,36 +20,24 @@ HELDOUT = ("heldout_wrappers", "heldout_family")
 
 
 @dataclass
-class Options:
-    """The axis' sizes and switches. `options(cfg)` takes each from the config field of the same name
-    (config.AxisOptions: `opct demo/eval --axis jailbreak --n-benign 40 ...`); a config without it (or none) keeps
-    the default here. `source` is the training behaviours' source, `eval_source` the evaluation behaviours'."""
+class Options(options_of.Jailbreak, options_of.Judge, options_of.Generation):
+    """The axis' sizes and switches: its flags (opct.axes.options: Jailbreak, Judge, Generation, each default written
+    there) with its own defaults of the shared ones, and internals no flag sets. `options(cfg)` takes each from the
+    config field of the same name (config.AxisOptions: `opct demo/eval --axis jailbreak --n-benign 40 ...`); a config
+    without it (or none) keeps the default here. `source` is the training behaviours' source, `eval_source` the
+    evaluation behaviours'; `eval_max_new_tokens` is its answers' budget (`max_new_tokens`, a Generation field, is
+    the training runs')."""
     n_train: int = 48  # AdvBench training behaviours
-    pairs_per_behaviour: int = 2  # training wrappers per training behaviour (distinct, seeded)
     n_eval: int = 16  # HarmBench + StrongREJECT evaluation behaviours
-    eval_train_per_behaviour: int = 1  # training wrappers per evaluation behaviour in "train_wrappers"
-    n_benign: int = 96  # benign look-alikes for over-refusal (96: an interval of about ±0.1)
-    benign_share: float = 0.5  # lambda: share of benign regulariser pairs in the training set (0 = none)
-    opct_benign: bool = True  # OPCT trains on the benign regulariser pairs too (False: SFT only)
-    train_threats: str = ""  # training pairs for these threats too (prefill, multiturn); evaluated either way
-    eval_max_new_tokens: int = 32  # answer tokens in the eval (the refusal judge reads the first 200 characters)
-    attack_samples: int = 2  # adaptive attack: samples at T = 1 per behaviour on top of the greedy attempts
-    batch_size: int = 32  # eval generation batch
     source: str = "advbench"  # training behaviours (opct.data.harmful.load_behaviours spec)
-    eval_source: str = "harmbench+strongreject"
-    judge: str = "keyword"  # "llm": also the StrongREJECT rubric through judge_url (the refusal judge always runs)
-    judge_url: str = ""  # an OpenAI-compatible server for the rubric judge
-    judge_model: str = ""  # the model name to request from judge_url
-    judge_constrained: bool = False  # ask the server for the official answer layout (vLLM structured outputs)
+    eval_train_per_behaviour: int = 1  # training wrappers per evaluation behaviour in "train_wrappers"
     judge_concurrency: int = 8
     samples_per_split: int = 3  # answers kept per split for the report
-    think_max_tokens: int = 512  # a thinking model's reasoning tokens on top of eval_max_new_tokens
-    seed: int = 0
 
 
 def options(cfg=None, **overrides) -> Options:
     """Options from a config's fields of the same names (config.AxisOptions has all but the axis' own internals, which
-    keep their defaults here, as do all without a config), then overrides."""
+    keep their defaults, as do all without a config), then overrides."""
     own = {f.name for f in fields(Options)}
     vals = {} if cfg is None else {k: v for k, v in asdict(cfg).items() if k in own}
     vals.update(overrides)

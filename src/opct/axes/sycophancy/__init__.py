@@ -69,7 +69,7 @@ class EvalSet:
 def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode: str, tok):
     """The demo's fixed train/eval questions; `opct eval` calls this too, so it reproduces the demo's numbers.
     In text mode, items whose options share a first token cannot be read from one position and are dropped."""
-    from opct.config import DEMO_SOURCE
+    from opct.axes.options import DEMO_SOURCE
     from opct.data.mcq import load_mcq, split_questions
 
     qs = load_mcq(source or DEMO_SOURCE, n=n_train + n_eval, seed=seed)
