@@ -42,7 +42,7 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
     rows = [json.loads(x) for x in (out / "opct-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert all("probe_sycophancy" in r and "probe_accuracy" in r for r in rows)
 
-    capsys.readouterr()
+    assert f"models in {out}/sft-seed0/model, {out}/opct-seed0/model)" in capsys.readouterr().out
     code = main(["eval", "--axis", "sycophancy", "--model", str(out / "opct-seed0" / "model"), "--n-train", "12",
                  "--n-eval", "10", "--cued-n", "8", "--shift-n", "6", "--out", str(tmp_path / "eval.json")])
     assert code == 0
