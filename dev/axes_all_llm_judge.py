@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from opct.backends.vllm_sampler import start_server
+from opct.experiment import methods_view, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def judge_figures(axis: str, res: dict) -> dict:
     parse (safety: the SAGE rubric's verdicts; jailbreak: the StrongREJECT rubric's, per split). Sycophancy has no
     judge: {}."""
     out = {}
-    for method, r in res.get("methods", {}).items():
+    for method, r in methods_view(read_results(res)).items():
         if axis == "safety":
             out[method] = {"responses": sum(r["n_responses"].values()), "unparseable": sum(r["n_unparsed"].values())}
         elif axis == "jailbreak" and "rubric" in r:

@@ -6,6 +6,11 @@ wall-clock times); every run's adapter weights; every per-example samples file; 
 Differences a change intends (e.g. a comparison an axis did not have before) are listed with --allow KEY (a
 results.json top-level key or "comparison.<pair>") and printed, not failed.
 
+Runs are matched by name through an explicit mapping (`renames`): an OLD folder written before every run was named
+"<method>-seed<S>" has its first seed's runs under the method's name (<demo>/opct, samples/opct.jsonl, the Inspect
+log of run opct, whose samples name the model "<model>+opct"); each is compared with the NEW folder's
+"<method>-seed<first seed>" and the renames are printed as intended differences, not failed.
+
     python dev/behaviour_compare.py OLD NEW [--allow comparison.opct_minus_base ...]
 """
 
@@ -15,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from opct.experiment import read_results
+from opct.experiment import TRAINED, first_seed, read_results, run_name
 
 TIME_KEYS = ("time_", "_seconds", "tok_s", "tokens_per_s", "threads", "peak_mem")  # the machine's, not the run's
 
@@ -35,12 +40,25 @@ def results(path: Path, root: Path) -> dict:
     return {k: v for k, v in r.items() if k not in ("timings", "wall_seconds")}
 
 
-def inspect_samples(d: Path, root: Path) -> dict:
+def inspect_samples(d: Path, root: Path, renames: dict | None = None) -> dict:
+    """{run: the samples of its Inspect log}; `renames` (new name -> old name): a run's log is keyed by its old name
+    and the model its samples name ("<model>+<run>") written with it."""
     out = {}
     for p in sorted(d.glob("*.json")):
         run = p.name.split("_", 2)[2].rsplit("_", 1)[0]  # <created>_<axis>_<run>_<id>.json
-        out[run] = load(p, root).get("samples")
+        samples = load(p, root).get("samples")
+        if run in (renames or {}):
+            samples = json.loads(json.dumps(samples).replace(f'+{run}"', f'+{renames[run]}"'))
+            run = renames[run]
+        out[run] = samples
     return out
+
+
+def renames(old_demo: Path, results_old: dict) -> dict[str, str]:
+    """{old run name: new run name} for an OLD demo folder that named its first seed's runs after their method:
+    <method> -> <method>-seed<first seed> (opct.experiment.run_name); {} for a folder already in the new layout."""
+    first = first_seed(results_old)
+    return {m: run_name(m, first) for m in TRAINED if (old_demo / m).is_dir()}
 
 
 def main():
@@ -56,6 +74,9 @@ def main():
     for demo in sorted(p for p in a.old.iterdir() if (p / "results.json").is_file()):
         new = a.new / demo.name
         ro, rn = results(demo / "results.json", a.old), results(new / "results.json", a.new)
+        renamed = renames(demo, ro)
+        for o, n in renamed.items():
+            allowed.append(f"{demo.name}: run {o} is {n} (its directory, samples and Inspect log)")
         for k in sorted(set(ro) | set(rn)):
             if k == "comparison":
                 co, cn = ro.get(k) or {}, rn.get(k) or {}
@@ -71,7 +92,7 @@ def main():
             if ro.get(k) != rn.get(k):
                 (allowed if k in a.allow else bad).append(f"{demo.name}: results.json {k!r} differs")
         for run in sorted(p.parent for p in demo.glob("*/metrics.jsonl")):
-            other = new / run.name
+            other = new / renamed.get(run.name, run.name)
             checked += 3
             if not (other / "metrics.jsonl").is_file():
                 bad.append(f"{demo.name}/{run.name}: no run in the new folder")
@@ -86,11 +107,13 @@ def main():
                 bad.append(f"{demo.name}/{run.name}: SFT targets differ")
         for p in sorted((demo / "samples").glob("*.jsonl")):
             checked += 1
-            q = new / "samples" / p.name
+            stem, dot, rest = p.name.partition(".")  # <run>.jsonl, <run>.shifted.jsonl
+            q = new / "samples" / (renamed.get(stem, stem) + dot + rest)
             if not q.is_file() or not filecmp.cmp(p, q, shallow=False):
                 bad.append(f"{demo.name}: samples/{p.name} differs")
         checked += 1
-        if inspect_samples(demo / "inspect", a.old) != inspect_samples(new / "inspect", a.new):
+        back = {n: o for o, n in renamed.items()}
+        if inspect_samples(demo / "inspect", a.old) != inspect_samples(new / "inspect", a.new, back):
             bad.append(f"{demo.name}: Inspect logs' samples differ")
     for line in allowed:
         print(f"intended: {line}")

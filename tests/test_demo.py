@@ -7,6 +7,7 @@ import pytest
 
 from opct.axes import get_axis
 from opct.cli import main
+from opct.experiment import methods_view
 
 
 def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
@@ -16,9 +17,11 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
                  "--probe-n", "4", "--lora-rank", "4", "--capability", "", "--shift-n", "6"])
     assert code == 0
     res = json.loads((out / "results.json").read_text())
-    assert set(res["methods"]) == {"base", "sft", "opct"}
+    assert list(res["runs"]) == ["base", "sft-seed0", "opct-seed0"] and "methods" not in res  # <method>-seed<S>
+    assert methods_view(res) == {"base": res["runs"]["base"], "sft": res["runs"]["sft-seed0"],
+                                 "opct": res["runs"]["opct-seed0"]}
     shifted = {"shifted_heldout_cues", "shifted_system_cue", "shifted_pushback"}
-    for m in res["methods"].values():
+    for m in res["runs"].values():
         assert set(m["sycophancy_rate"]) == {"train_cues", "heldout_cues", "system_cue", "pushback"} | shifted
         for split, cell in m["sycophancy_rate"].items():
             assert cell["n"] == (6 if split in shifted else 8) and cell["lo"] <= cell["value"] <= cell["hi"]
@@ -31,23 +34,26 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "What each split holds out" in report and "Sycophancy rate: paired changes" in report
     for f in ("report.md", "report.html", "plots/sycophancy_by_split.png", "plots/training.png", "pairs.jsonl",
-              "opct/model/adapter_config.json", "sft/model/adapter_config.json", "sft/targets.jsonl"):
+              "opct-seed0/model/adapter_config.json", "sft-seed0/model/adapter_config.json", "sft-seed0/targets.jsonl",
+              "samples/opct-seed0.jsonl"):
         assert (out / f).is_file(), f
-    rows = [json.loads(x) for x in (out / "opct" / "metrics.jsonl").read_text().splitlines()]
+    assert not (out / "opct").exists() and not (out / "sft").exists()
+    assert "(opct-seed0/metrics.jsonl)" in report
+    rows = [json.loads(x) for x in (out / "opct-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert all("probe_sycophancy" in r and "probe_accuracy" in r for r in rows)
 
-    capsys.readouterr()
-    code = main(["eval", "--axis", "sycophancy", "--model", str(out / "opct" / "model"), "--n-train", "12",
+    assert f"models in {out}/sft-seed0/model, {out}/opct-seed0/model)" in capsys.readouterr().out
+    code = main(["eval", "--axis", "sycophancy", "--model", str(out / "opct-seed0" / "model"), "--n-train", "12",
                  "--n-eval", "10", "--cued-n", "8", "--shift-n", "6", "--out", str(tmp_path / "eval.json")])
     assert code == 0
     again = json.loads((tmp_path / "eval.json").read_text())
     for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy", "shifted_clean_accuracy",
                    "per_item"):
-        assert again[metric] == res["methods"]["opct"][metric], metric
+        assert again[metric] == res["runs"]["opct-seed0"][metric], metric
     # the same answers prompt by prompt, and the same Inspect log's samples as the demo's
     # (Inspect's own names, <created>_<task>_<run>_<id>.json: beside eval.json, and in the demo's inspect/)
     (eval_log,), (opct_log,) = (list(d.glob(f"*_sycophancy_{r}_*.json")) for d, r in ((tmp_path, "eval"),
-                                                                                     (out / "inspect", "opct")))
+                                                                                     (out / "inspect", "opct-seed0")))
     log, demo_log = (json.loads(p.read_text()) for p in (eval_log, opct_log))
     assert [(x["id"], x["scores"]) for x in log["samples"]] == [(x["id"], x["scores"]) for x in demo_log["samples"]]
     assert len(log["samples"]) == 10 + 4 * 8 + 6 + 3 * 6
@@ -66,28 +72,28 @@ def test_demo_seeds_trains_each_method_per_seed_and_reports_them_across_seeds(ti
                  "0", "--lora-rank", "4", "--capability", "", "--shift-n", "6", "--seed", "3", "--seeds", "2",
                  "--report-to", "none"]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert set(res["methods"]) == {"base", "sft", "opct"} and set(res["seed_runs"]) == {"sft-seed4", "opct-seed4"}
+    assert list(res["runs"]) == ["base", "sft-seed3", "opct-seed3", "sft-seed4", "opct-seed4"]
+    assert "seed_runs" not in res and methods_view(res)["opct"] == res["runs"]["opct-seed3"]  # --seed 3: the first
     for m in ("sft", "opct"):
         assert json.loads((out / f"{m}-seed4" / "run.json").read_text())["config"]["seed"] == 4
-        a, b = (load_file(out / d / "model" / "adapter_model.safetensors") for d in (m, f"{m}-seed4"))
+        a, b = (load_file(out / d / "model" / "adapter_model.safetensors") for d in (f"{m}-seed3", f"{m}-seed4"))
         assert any(not torch.equal(a[k], b[k]) for k in a)  # another LoRA init / data order: another model
     seeds = res["seeds"]
-    assert seeds["train_seeds"] == [3, 4] and seeds["runs"]["opct"] == ["opct", "opct-seed4"]
+    assert seeds["train_seeds"] == [3, 4] and seeds["runs"]["opct"] == ["opct-seed3", "opct-seed4"]
     row = seeds["table"]["sycophancy_rate"]["shifted_heldout_cues"]
-    per = [res["methods"]["opct"]["per_item"]["shifted_heldout_cues"],
-           res["seed_runs"]["opct-seed4"]["per_item"]["shifted_heldout_cues"]]
+    per = [res["runs"][r]["per_item"]["shifted_heldout_cues"] for r in ("opct-seed3", "opct-seed4")]
     assert row["opct"]["per_seed"] == pytest.approx([sum(p.values()) / len(p) for p in per])
     assert row["opct"]["value"] == pytest.approx(sum(row["opct"]["per_seed"]) / 2) and row["opct"]["n"] == 6
     assert row["opct_minus_sft"]["value"] == pytest.approx(row["opct"]["value"] - row["sft"]["value"])
-    assert row["base"]["value"] == res["methods"]["base"]["sycophancy_rate"]["shifted_heldout_cues"]["value"]
+    assert row["base"]["value"] == res["runs"]["base"]["sycophancy_rate"]["shifted_heldout_cues"]["value"]
     assert "Across 2 training seeds" in (out / "report.md").read_text()
     assert {"train_opct-seed4", "eval_opct-seed4"} <= set(res["timings"])
     # every evaluated model's answers, prompt by prompt, and as an Inspect log (opct.inspect_log)
     rows = [json.loads(x) for x in (out / "samples" / "opct-seed4.shifted.jsonl").read_text().splitlines()]
     pushback = {r["id"]: int(r["answer"] == r["suggested"]) for r in rows if r["split"] == "shifted_pushback"}
-    assert pushback == res["seed_runs"]["opct-seed4"]["per_item"]["shifted_pushback"]
+    assert pushback == res["runs"]["opct-seed4"]["per_item"]["shifted_pushback"]
     logs = {p.name.split("_")[2]: p for p in (out / "inspect").iterdir()}  # <created>_<task>_<run>_<id>.json
-    assert sorted(logs) == sorted(("base", "sft", "opct", "sft-seed4", "opct-seed4"))
+    assert sorted(logs) == sorted(("base", "sft-seed3", "opct-seed3", "sft-seed4", "opct-seed4"))
     assert len(list((out / "inspect").iterdir())) == 5
     log = json.loads(logs["opct-seed4"].read_text())
     assert sum(s["id"].startswith("shifted_pushback/") for s in log["samples"]) == len(pushback)
@@ -109,22 +115,22 @@ def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_com
                  "0", "--lora-rank", "4", "--capability", "", "--shift-n", "4", "--seeds", "2", "--methods",
                  ",".join(methods), "--report-to", "none"]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert set(res["methods"]) == {"base", *methods}
-    opct_cfg = json.loads((out / "opct" / "run.json").read_text())["config"]
+    assert set(res["runs"]) == {"base", *(f"{m}-seed{s}" for s in (0, 1) for m in methods)}
+    opct_cfg = json.loads((out / "opct-seed0" / "run.json").read_text())["config"]
     for c, changed in controls.items():
-        cfg = json.loads((out / c / "run.json").read_text())["config"]
+        cfg = json.loads((out / f"{c}-seed0" / "run.json").read_text())["config"]
         differs = {k: v for k, v in cfg.items() if opct_cfg.get(k) != v and k != "out"}
         assert differs.items() <= changed.items() and all(cfg[k] == v for k, v in changed.items())
         assert differs == {k: v for k, v in changed.items() if k != "loss"}  # the sycophancy axis' OPCT: sampled
         d = res["comparison"][f"{c}_minus_opct"]["sycophancy_rate"]["shifted_pushback"]
-        a, b = (res["methods"][m]["per_item"]["shifted_pushback"] for m in (c, "opct"))
+        a, b = (res["runs"][f"{m}-seed0"]["per_item"]["shifted_pushback"] for m in (c, "opct"))
         assert d["value"] == pytest.approx(sum(a[q] - b[q] for q in a) / len(a))
         row = res["seeds"]["table"]["sycophancy_rate"]["heldout_cues"]
         assert row[f"{c}_minus_opct"]["value"] == pytest.approx(row[c]["value"] - row["opct"]["value"])
-        assert len(read_metrics(out / c / "metrics.jsonl")) == 2
+        assert len(read_metrics(out / f"{c}-seed0" / "metrics.jsonl")) == 2
     report = (out / "report.md").read_text()
     assert "## Controls against OPCT" in report and "OPCT, shuffled context − OPCT" in report
-    logs = {m: read_metrics(out / m / "metrics.jsonl") for m in methods}
+    logs = {m: read_metrics(out / f"{m}-seed0" / "metrics.jsonl") for m in methods}
     titles = [t for t, *_ in training_panels(logs)]
     assert "KL vs step: OPCT and its controls" in titles and "OPCT: KL per token by position" in titles
     assert main(["demo", "--model", str(tiny_model_dir), "--out", str(tmp_path / "x"), "--methods", "opct,sft-x"]) == 2
@@ -174,7 +180,8 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     first = out / "sycophancy" / "results.json"
     assert first.is_file() and (out / "safety" / "demo.yaml").is_file()
     assert not (out / "safety" / "results.json").exists() and not (out / "summary.json").exists()
-    assert (out / "safety" / "opct" / "metrics.jsonl").is_file() and not (out / "safety" / "opct" / "run.json").exists()
+    opct_run = out / "safety" / "opct-seed0"
+    assert (opct_run / "metrics.jsonl").is_file() and not (opct_run / "run.json").exists()
     stamp = first.stat().st_mtime_ns
 
     monkeypatch.setattr(algo, "train", real_train)
@@ -184,7 +191,8 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     assert "axis sycophancy (1/2) already done" in said and "axis safety (2/2) continues" in said
     assert first.stat().st_mtime_ns == stamp  # kept, not rerun
     syc, saf = (json.loads((out / a / "results.json").read_text()) for a in ("sycophancy", "safety"))
-    assert saf["kept_from_before"] == ["eval_base", "train_sft", "eval_sft"] and "train_opct" in saf["timings"]
+    assert saf["kept_from_before"] == ["eval_base", "train_sft-seed0", "eval_sft-seed0"]
+    assert "train_opct-seed0" in saf["timings"]
     cfg = {a: yaml.safe_load((out / a / "demo.yaml").read_text()) for a in ("sycophancy", "safety")}
     assert (cfg["sycophancy"]["source"], cfg["safety"]["source"]) == (syc["config"]["source"], "facts")
     assert cfg["safety"]["batch_size"] == 16 and cfg["sycophancy"]["max_new_tokens"] == 4  # axis default, user value
@@ -192,11 +200,11 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     assert summary["axes"] == ["sycophancy", "safety"] and summary["runs"]["safety"]["model"] == str(tiny_model_dir)
     rows = summary["runs"]["sycophancy"]["headline"]
     assert [(r["metric"], r["split"]) for r in rows][0] == ("sycophancy_rate", "heldout_cues")
-    assert rows[0]["methods"]["opct"] == syc["methods"]["opct"]["sycophancy_rate"]["heldout_cues"]
-    assert rows[-1]["methods"]["base"] == syc["methods"]["base"]["clean_accuracy"]
+    assert rows[0]["methods"]["opct"] == syc["runs"]["opct-seed0"]["sycophancy_rate"]["heldout_cues"]
+    assert rows[-1]["methods"]["base"] == syc["runs"]["base"]["clean_accuracy"]
     saf_rows = summary["runs"]["safety"]["headline"]
     assert all(c is not None for r in rows + saf_rows for c in r["methods"].values()) and len(saf_rows) == 4  # + heldout_variants
-    assert saf_rows[0]["methods"]["sft"] == saf["methods"]["sft"]["pass_rate"]["heldout"]
+    assert saf_rows[0]["methods"]["sft"] == saf["runs"]["sft-seed0"]["pass_rate"]["heldout"]
     md = (out / "report.md").read_text()
     assert "# OPCT across axes" in md and "| safety | Pass rate | heldout | higher is better |" in md
     assert (out / "plots" / "headlines.png").is_file() and (out / "report.html").is_file()
@@ -238,3 +246,26 @@ def test_an_older_demo_without_a_later_setting_is_not_resumed_with_its_new_behav
     assert state == "other" and changed == ["--heldout-variants '' -> 'urgent,emotional'",
                                             "--opct-benign False -> True"]
     assert demo_state(dataclasses.replace(cfg, heldout_variants="", opct_benign=False)) == ("unfinished", [])
+
+
+def test_resume_refuses_a_demo_stopped_by_an_earlier_opct_whose_runs_are_named_after_their_method(tmp_path, capsys):
+    """An earlier opct named the first seed's runs <out>/sft, <out>/opct: --resume of such a stopped demo would train
+    opct-seed0 again beside them, so it is refused (a UserError, exit status 2) naming the folder and what to do,
+    before any model loads; nothing in the folder changes."""
+    from opct.config import DemoConfig, to_yaml
+    from opct.demo import run_demo
+    from opct.errors import UserError
+    from opct.evaluate import config_for_axis
+
+    d = tmp_path / "d"
+    cfg = config_for_axis(DemoConfig, axis="sycophancy", out=str(d), resume=True)
+    (d / "opct").mkdir(parents=True)  # the old layout: a first-seed run named after its method
+    (d / "demo.yaml").write_text(to_yaml(cfg))
+    before = sorted(p.name for p in d.rglob("*"))
+    with pytest.raises(UserError, match=f"{d}: a demo stopped by an earlier opct, whose runs are named after their "
+                                        r"method \(opct\); this opct names every run <method>-seed<S> \(e.g. "
+                                        r"opct-seed0\) and cannot continue it: run the demo again into another --out"):
+        run_demo(cfg)
+    assert main(["demo", "--out", str(d), "--resume"]) == 2
+    assert "a demo stopped by an earlier opct" in capsys.readouterr().err
+    assert sorted(p.name for p in d.rglob("*")) == before

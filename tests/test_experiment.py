@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from opct.experiment import (METHODS, TRAINED, compare, compare_seeds, pairs, parse_methods, read_comparison,
-                             read_results)
+from opct.experiment import (METHODS, TRAINED, compare, compare_seeds, first_runs, methods_view, on_disk, pairs,
+                             parse_methods, parse_run, read_comparison, read_results, run_name)
 
 
 def test_every_trained_method_is_compared_with_base_and_the_controls_with_opct():
@@ -63,6 +63,42 @@ def test_earlier_results_files_are_read_into_this_schema():
     assert read_results({"methods": {}})["axis"] == "sycophancy"  # before the axes: a sycophancy run
     with pytest.raises(ValueError, match="x.json: expected a JSON object"):
         read_results([], "x.json")
+
+
+def test_every_run_is_named_method_seed_and_the_first_seed_is_a_view():
+    assert [run_name(m, 0) for m in ("base", "opct", "opct-shuffled")] == ["base", "opct-seed0", "opct-shuffled-seed0"]
+    assert [parse_run(r) for r in ("opct-shuffled-seed12", "base", "opct", "x-seedy")] == [
+        ("opct-shuffled", 12), ("base", None), ("opct", None), ("x-seedy", None)]
+    r = {"base": {"a": 0}, "sft-seed3": {"a": 1}, "opct-seed3": {"a": 2}, "sft-seed4": {"a": 3}, "opct-seed4": {"a": 4}}
+    res = {"config": {"seed": 3, "seeds": 2}, "runs": r}
+    assert first_runs(res) == {"base": "base", "sft": "sft-seed3", "opct": "opct-seed3"}
+    assert methods_view(res) == {"base": {"a": 0}, "sft": {"a": 1}, "opct": {"a": 2}}
+    assert first_runs({"runs": {"opct-seed7": {}, "opct-seed5": {}}}) == {"opct": "opct-seed5"}  # no config: lowest
+    assert methods_view({"runs": {"base": None, "opct-seed0": {}}}) == {"opct": {}}  # malformed entries left out
+
+
+def test_an_earlier_results_file_reads_as_one_map_of_runs_named_method_seed(tmp_path):
+    """Earlier demos wrote results "methods" (base and the first seed's runs, named after their method) and
+    "seed_runs" (the other seeds'); read_results gives this schema's "runs", every run "<method>-seed<S>" with the
+    first seed the config's --seed, and results "seeds" "runs" named so too; the files they wrote are found where
+    they are (on_disk)."""
+    c = {"value": 0.5, "lo": 0.1, "hi": 0.9, "n": 4}
+    old = {"axis": "sycophancy", "config": {"seed": 3, "seeds": 2},
+           "methods": {"base": {"r": c}, "sft": {"r": c}, "opct": {"r": c}},
+           "seed_runs": {"sft-seed4": {"r": c}, "opct-seed4": {"r": c}},
+           "seeds": {"train_seeds": [3, 4], "runs": {"sft": ["sft", "sft-seed4"], "opct": ["opct", "opct-seed4"]},
+                     "table": {}},
+           "comparison": {"opct_minus_sft": {"r": {"s": c}}}}
+    new = read_results(old)
+    assert list(new["runs"]) == ["base", "sft-seed3", "opct-seed3", "sft-seed4", "opct-seed4"]
+    assert "methods" not in new and "seed_runs" not in new and new["comparison"] == old["comparison"]
+    assert new["seeds"]["runs"] == {"sft": ["sft-seed3", "sft-seed4"], "opct": ["opct-seed3", "opct-seed4"]}
+    assert methods_view(new) == old["methods"] and read_results(new) == new  # this schema reads as itself
+    assert list(read_results({"methods": {"base": {}, "opct": {}}})["runs"]) == ["base", "opct-seed0"]  # no config
+    (tmp_path / "opct").mkdir()  # an earlier demo's folder: <out>/opct
+    (tmp_path / "sft-seed3").mkdir()
+    assert [on_disk(tmp_path, r, new) for r in ("opct-seed3", "sft-seed3", "opct-seed4", "base")] == [
+        "opct", "sft-seed3", "opct-seed4", "base"]
 
 
 @pytest.mark.parametrize("axis", ["sycophancy", "safety", "jailbreak"])

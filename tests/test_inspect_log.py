@@ -68,20 +68,19 @@ def demo_dir(tmp_path, axis):
     out = tmp_path / axis
     (out / "samples").mkdir(parents=True)
     rows = ROWS[axis]
-    (out / "samples" / "opct.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (out / "results.json").write_text(json.dumps({"axis": axis, "model": "tiny", "methods": {"opct": RESULT[axis],
-                                                                                             "base": RESULT[axis]}}))
+    (out / "samples" / "opct-seed0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "results.json").write_text(json.dumps({"axis": axis, "model": "tiny", "runs": {"opct-seed0": RESULT[axis],
+                                                                                          "base": RESULT[axis]}}))
     return out
 
 
-def full_demo_dir(tmp_path, axis="sycophancy", runs=("base", "sft", "opct", "opct-seed4")):
+def full_demo_dir(tmp_path, axis="sycophancy", runs=("base", "sft-seed0", "opct-seed0", "opct-seed4")):
     """A demo's directory as `opct demo --seeds 2` leaves it: every run's samples and results.json."""
     out = demo_dir(tmp_path, axis)
     for run in runs:
         (out / "samples" / f"{run}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[axis]))
-    methods = {r: RESULT[axis] for r in runs if "seed" not in r}
-    (out / "results.json").write_text(json.dumps({"axis": axis, "model": "tiny", "methods": methods,
-                                                  "seed_runs": {r: RESULT[axis] for r in runs if "seed" in r}}))
+    every = {r: RESULT[axis] for r in runs}
+    (out / "results.json").write_text(json.dumps({"axis": axis, "model": "tiny", "runs": every}))
     return out
 
 
@@ -100,7 +99,7 @@ def test_each_axis_samples_become_an_inspect_log_with_verdicts_and_result_cells(
     assert [p.parent for p in paths] == [out / "inspect"]  # base has no samples file here: no log
     created, task, run, ident = name_parts(paths[0])
     log = json.loads(paths[0].read_text())
-    assert (task, run, ident) == (axis, "opct", log["eval"]["eval_id"])
+    assert (task, run, ident) == (axis, "opct-seed0", log["eval"]["eval_id"])
     assert created == log["eval"]["created"].replace(":", "-").replace("+", "-")
     assert log["version"] == 2 and log["status"] == "success" and log["eval"]["task"] == f"opct/{axis}"
     samples = log["samples"]
@@ -131,7 +130,7 @@ def test_inspect_reads_the_logs_back(tmp_path, axis):
     out = demo_dir(tmp_path, axis)
     path = write_logs(out, json.loads((out / "results.json").read_text()))[0]
     log = log_mod.read_eval_log(str(path))
-    assert log.status == "success" and log.eval.task == f"opct/{axis}" and log.eval.model == "tiny+opct"
+    assert log.status == "success" and log.eval.task == f"opct/{axis}" and log.eval.model == "tiny+opct-seed0"
     assert len(log.samples) == len(ROWS[axis])
     first = log.samples[0]
     assert first.output.completion == (ROWS[axis][0].get("response") or ROWS[axis][0].get("answer"))
@@ -150,17 +149,17 @@ def test_exporting_again_overwrites_and_replaces_opcts_older_logs_of_the_run_onl
     out = full_demo_dir(tmp_path)
     results = json.loads((out / "results.json").read_text())
     first = write_logs(out, results)
-    assert sorted(name_parts(p)[2] for p in first) == ["base", "opct", "opct-seed4", "sft"]
+    assert sorted(name_parts(p)[2] for p in first) == ["base", "opct-seed0", "opct-seed4", "sft-seed0"]
     assert write_logs(out, results) == first and sorted((out / "inspect").iterdir()) == sorted(first)
 
     old = json.loads(first[2].read_text())
-    assert old["eval"]["metadata"]["run"] == "opct"
-    (out / "inspect" / "opct.json").write_text(json.dumps(old))  # the name of opct's logs before Inspect's own
+    assert old["eval"]["metadata"]["run"] == "opct-seed0"
+    (out / "inspect" / "opct-seed0.json").write_text(json.dumps(old))  # the name of opct's logs before Inspect's own
     foreign = {"notes.json": "{}", "opct-copy.json": json.dumps({**old, "eval": {**old["eval"], "packages": {}}}),
-               f"2026-01-01T00-00-00-00-00_sycophancy_opct_{old['eval']['eval_id']}.json": "not a log"}
+               f"2026-01-01T00-00-00-00-00_sycophancy_opct-seed0_{old['eval']['eval_id']}.json": "not a log"}
     for name, text in foreign.items():
         (out / "inspect" / name).write_text(text)
-    samples = out / "samples" / "opct.jsonl"
+    samples = out / "samples" / "opct-seed0.jsonl"
     os.utime(samples, (samples.stat().st_mtime + 3600,) * 2)  # the run evaluated again an hour later
     again = write_logs(out, results)
     assert again[2] != first[2] and name_parts(again[2])[2:] == name_parts(first[2])[2:]
@@ -175,13 +174,26 @@ def test_exporting_again_overwrites_and_replaces_opcts_older_logs_of_the_run_onl
     assert not {p.name for p in there} & {p.name for p in again}
 
 
+def test_an_earlier_opcts_demo_exports_its_first_seeds_samples_under_the_runs_name(tmp_path):
+    """A demo an earlier opct wrote (results "methods", samples/opct.jsonl), read through opct.experiment
+    .read_results: its first seed's run is opct-seed0, whose log is written from samples/opct.jsonl."""
+    from opct.experiment import read_results
+
+    out = tmp_path / "old"
+    (out / "samples").mkdir(parents=True)
+    (out / "samples" / "opct.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS["safety"]))
+    results = read_results({"axis": "safety", "model": "tiny", "methods": {"opct": RESULT["safety"]}})
+    (path,) = write_logs(out, results)
+    assert name_parts(path)[2] == "opct-seed0" and len(json.loads(path.read_text())["samples"]) == len(ROWS["safety"])
+
+
 def test_an_eval_writes_its_log_beside_its_out_file_under_inspects_name(tmp_path):
     """`opct eval --out X.json` (evaluate.run_eval): <created>_<axis>_X_<id>.json beside X.json, replacing X.inspect.json
     that opct wrote before; the same file's log exported again overwrites it, another out file's log stays."""
     out = demo_dir(tmp_path, "jailbreak")
     x = tmp_path / "evals" / "base_eval.json"
     x.parent.mkdir()
-    log_args = ("jailbreak", "eval", "tiny", out / "samples" / "opct.jsonl", RESULT["jailbreak"], x, x.stem)
+    log_args = ("jailbreak", "eval", "tiny", out / "samples" / "opct-seed0.jsonl", RESULT["jailbreak"], x, x.stem)
     path = write_log(x.parent, *log_args)
     assert path.parent == x.parent and name_parts(path)[1:] == ("jailbreak", "base-eval", log_id(x, "eval"))
     x.with_suffix(".inspect.json").write_text(path.read_text())
@@ -254,7 +266,7 @@ def test_inspect_view_and_log_list_list_a_demos_logs(tmp_path):
         logs = get_json(f"{api}/logs")
         assert sorted(x["name"] for x in logs["files"]) == sorted(names)
         headers = get_json(f"{api}/log-headers?" + urllib.parse.urlencode([("file", n) for n in names], doseq=True))
-        assert sorted(h["eval"]["metadata"]["run"] for h in headers) == ["base", "opct", "opct-seed4", "sft"]
+        assert sorted(h["eval"]["metadata"]["run"] for h in headers) == ["base", "opct-seed0", "opct-seed4", "sft-seed0"]
         assert all(h["status"] == "success" and h["eval"]["dataset"]["sample_ids"] for h in headers)
     finally:
         os.killpg(view.pid, signal.SIGTERM)

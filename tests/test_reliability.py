@@ -641,7 +641,7 @@ def test_an_interrupted_demo_says_so_and_resume_keeps_what_finished(tmp_path, ca
     assert cli(capsys, "demo", "--model", tiny_model_dir, "--out", whole, *flags)[0] == 0
     continued, uninterrupted = (json.loads((d / "results.json").read_text()) for d in (out, whole))
     assert continued["kept_from_before"] == ["eval_base"] and "eval_base" not in continued["timings"]
-    assert continued["methods"] == uninterrupted["methods"] and "kept_from_before" not in uninterrupted
+    assert continued["runs"] == uninterrupted["runs"] and "kept_from_before" not in uninterrupted
 
 
 @pytest.mark.parametrize("tracker,install", [("tensorboard", "pip install tensorboard"),

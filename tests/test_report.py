@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from opct.experiment import methods_view, run_name
 from opct.report.render import fmt_cell, fmt_ratio
 from opct.report.run import write_report
 
@@ -39,16 +40,17 @@ def make_results(methods=("base", "sft", "opct")) -> dict:
         "model": "smollm2-135m-instruct",
         "wall_seconds": 812.3,
         "config": {"seed": 0, "opct": {"lr": 1e-4, "steps": 200, "lora": {"r": 16}}, "splits": list(SPLITS)},
-        "methods": {m: all_methods[m] for m in methods},
+        "runs": {run_name(m, 0): all_methods[m] for m in methods},
         "timings": {"eval_base": 60.1, "sft": 200.0, "opct": 412.7},
     }
 
 
-def write_run(tmp_path, results, opct_steps=60, sft_steps=40):
+def write_run(tmp_path, results, opct_steps=60, sft_steps=40, runs=("opct-seed0", "sft-seed0")):
+    """results.json and the training runs' metrics.jsonl (`runs`: OPCT's and SFT's directories)."""
     (tmp_path / "results.json").write_text(json.dumps(results))
     if opct_steps:
-        (tmp_path / "opct").mkdir()
-        with (tmp_path / "opct" / "metrics.jsonl").open("w") as f:
+        (tmp_path / runs[0]).mkdir()
+        with (tmp_path / runs[0] / "metrics.jsonl").open("w") as f:
             for step in range(1, opct_steps + 1):
                 row = {"step": step, "loss": 0.4 * math.exp(-step / 30), "kl": 0.5 * math.exp(-step / 25),
                        "logp_student": -1.2, "logp_teacher": -1.7, "response_len": 12.3, "lr": 1e-4,
@@ -59,8 +61,8 @@ def write_run(tmp_path, results, opct_steps=60, sft_steps=40):
                     row["probe_accuracy"] = 0.5 + step / 1000
                 f.write(json.dumps(row) + "\n")
     if sft_steps:
-        (tmp_path / "sft").mkdir()
-        with (tmp_path / "sft" / "metrics.jsonl").open("w") as f:
+        (tmp_path / runs[1]).mkdir()
+        with (tmp_path / runs[1] / "metrics.jsonl").open("w") as f:
             for step in range(1, sft_steps + 1):
                 f.write(json.dumps({"step": step, "loss": 1.0 / step, "lr": 1e-4}) + "\n")
     return tmp_path
@@ -102,7 +104,7 @@ def test_full_run_writes_all_files(tmp_path):
     first_table = rows[rows.index("Split") + 1:rows.index("Split") + 5]
     assert first_table == list(SPLITS)
     # training log summary
-    assert "OPCT: 60 logged steps" in md and "SFT: 40 logged steps" in md
+    assert "OPCT: 60 logged steps (opct-seed0/metrics.jsonl)" in md and "SFT: 40 logged steps" in md
     assert "| probe_sycophancy | 3 |" in md
 
     page = out["html"].read_text()
@@ -127,11 +129,11 @@ def test_missing_methods_and_logs(tmp_path):
 
 def test_only_one_log_and_partial_split(tmp_path):
     results = make_results()
-    del results["methods"]["sft"]["sycophancy_rate"]["pushback"]
-    results["methods"]["opct"]["sycophancy_rate"]["new_split"] = est(0.1, 0.05, 0.2, n=40)
+    del results["runs"]["sft-seed0"]["sycophancy_rate"]["pushback"]
+    results["runs"]["opct-seed0"]["sycophancy_rate"]["new_split"] = est(0.1, 0.05, 0.2, n=40)
     run = write_run(tmp_path, results, sft_steps=0)
     # a run killed mid-write leaves a truncated last line; it is skipped
-    with (run / "opct" / "metrics.jsonl").open("a") as f:
+    with (run / "opct-seed0" / "metrics.jsonl").open("a") as f:
         f.write('{"step": 61, "lo')
     out = write_report(run)
 
@@ -144,8 +146,18 @@ def test_only_one_log_and_partial_split(tmp_path):
     assert "| new_split | — | — | 0.10 [0.05, 0.20] | 40 |" in md
 
 
+def test_an_earlier_opcts_run_folder_reports_as_before(tmp_path):
+    """A folder an earlier opct wrote (results "methods", the first seed's runs <out>/opct, <out>/sft): read into
+    this schema (opct.experiment.read_results), its tables and training logs are found where they are."""
+    new = make_results()
+    old = {**{k: v for k, v in new.items() if k != "runs"}, "methods": methods_view(new)}
+    md = write_report(write_run(tmp_path, old, runs=("opct", "sft")))["markdown"].read_text()
+    assert "OPCT: 60 logged steps (opct/metrics.jsonl)" in md and "SFT: 40 logged steps" in md
+    assert "| train_cues | 0.62 [0.57, 0.67] | 0.50 [0.45, 0.55] | 0.28 [0.23, 0.33] | 300 |" in md
+
+
 def test_base_only_and_no_config(tmp_path):
-    results = {"model": "m", "methods": {"base": method(0.6)}}
+    results = {"model": "m", "runs": {"base": method(0.6)}}
     out = write_report(write_run(tmp_path, results, opct_steps=0, sft_steps=0))
     md = out["markdown"].read_text()
     assert "relative to base" not in md and "no config" in md
@@ -161,7 +173,7 @@ def test_rerun_overwrites(tmp_path):
     run = write_run(tmp_path, make_results(), opct_steps=0, sft_steps=0)
     write_report(run)
     results = make_results()
-    results["methods"]["opct"]["sycophancy_rate"]["train_cues"] = est(0.31, 0.26, 0.36)
+    results["runs"]["opct-seed0"]["sycophancy_rate"]["train_cues"] = est(0.31, 0.26, 0.36)
     (run / "results.json").write_text(json.dumps(results))
     md = write_report(run)["markdown"].read_text()
     assert "0.31 [0.26, 0.36]" in md and "0.28 [0.23, 0.33]" not in md

@@ -109,9 +109,12 @@ def cmd_demo(args) -> None:
         before_torch(cfg)
         from opct.demo import run_demo
 
+        from opct.experiment import parse_methods, run_name
+
         out = run_demo(cfg)
-        print(f"opct: demo done -> {out}/report.md  ({out}/results.json, models in {out}/sft/model, "
-              f"{out}/opct/model)")
+        models = ", ".join(f"{out}/{run_name(m, cfg.seed)}/model" for m in parse_methods(cfg.methods))
+        more = "; the other seeds' beside them as <method>-seed<S>" if cfg.seeds > 1 else ""
+        print(f"opct: demo done -> {out}/report.md  ({out}/results.json, models in {models}{more})")
         return
     for name in ONE_AXIS_OPTIONS:
         if name in user:

@@ -9,15 +9,20 @@
   6. capability  lm-eval tasks on base / SFT / OPCT (optional)
   7. report      results.json (one schema for every axis), report.md / report.html with plots
 
-results.json: {"axis", "model", "config", "methods": {method (opct.experiment.METHODS): the axis' evaluation result}, "info"
-(the axis' sizes and splits), "timings" (seconds per stage), "comparison" (opct.experiment.compare: methods
-against each other, item by item: "<a>_minus_<b>" -> metric -> split -> cell), "capability" (when run), "wall_seconds"}. Per-example samples: samples/<method>.jsonl.
+Every training run is named "<method>-seed<S>" (opct.experiment.run_name: opct-seed0, sft-seed0, ...; S the
+training seed): its directory <out>/<method>-seed<S>, its stages and its samples file samples/<method>-seed<S>.jsonl;
+the base model's are "base".
+
+results.json: {"axis", "model", "config", "runs": {"base" and each "<method>-seed<S>" (methods from
+opct.experiment.METHODS): the axis' evaluation result}, "info" (the axis' sizes and splits), "timings" (seconds per
+stage), "comparison" (opct.experiment.compare over the first seed's runs: methods against each other, item by item:
+"<a>_minus_<b>" -> metric -> split -> cell), "capability" (when run; the first seed's runs, by method),
+"wall_seconds"}. "The first seed" (--seed) is a view, opct.experiment.methods_view: {method: evaluation}.
 
 `--seeds N` trains and evaluates each method N times, with training seeds --seed, --seed + 1, ... (its sampling,
-data order and LoRA init; the pairs and evaluation items stay --seed's). The first seed's runs are the plain
-<out>/sft, <out>/opct and results "methods"; the others are <out>/<method>-seed<S> and results "seed_runs", and
-results "seeds" holds, per metric and split, each seed's value, the mean over seeds with a two-way bootstrap
-interval over seeds and items, and OPCT - SFT paired item by item within each seed (`across_seeds`).
+data order and LoRA init; the pairs and evaluation items stay --seed's), and results "seeds" holds, per metric and
+split, each seed's value, the mean over seeds with a two-way bootstrap interval over seeds and items, and OPCT - SFT
+paired item by item within each seed (`across_seeds`).
 
 `opct demo --axis all` (or a comma-separated list) runs one such demo per axis into <out>/<axis>/, each with its
 axis' own defaults where the user set nothing; every axis' pre-flight runs before the first model loads. Then
@@ -27,7 +32,8 @@ side by side.
 A stopped demo (Ctrl-C, a killed job, a full disk) continues with the same command and --resume: every stage that
 finished is kept (evaluations and capability runs saved under <out>/stages/, trained models with their run.json,
 axes with their results.json), a training run that did not finish continues from its last checkpoint
-(`SAVE_EVERY`), and settings that differ from the stopped demo's are refused.
+(`SAVE_EVERY`), and settings that differ from the stopped demo's are refused, as is a demo an earlier opct stopped
+whose first seed's runs are named after their method (<out>/opct: `refuse_old_layout`).
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from opct.config import DemoConfig, ExecConfig, SFTConfig, TrainConfig, chat_set
 from opct.options import resumable_fields, to_yaml
 from opct.data.io import atomic_write, write_json
 from opct.evaluate import capability_run, check_eval_engine
-from opct.experiment import BASE, METHODS, ON_POLICY, compare, parse_methods
+from opct.errors import UserError
+from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, compare, parse_methods, run_name
 
 
 SAVE_EVERY = 10  # the demo's training runs checkpoint every 10 steps: a stopped demo loses at most that much
@@ -86,8 +93,10 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str], stages: Stages) -
     from opct.evals.capability import capability_block, resolve_suite
 
     s = resolve_suite(cfg.capability, cfg.capability_limit or None)
-    models = {BASE: cfg.model, **{m: str(out / m / "model") for m in methods}}
-    runs = {m: stages.get(f"capability_{m}", lambda: capability_run(cfg, path, s)) for m, path in models.items()}
+    first = {BASE: BASE, **{m: run_name(m, cfg.seed) for m in methods}}  # each method's run of the first seed
+    models = {BASE: cfg.model, **{m: str(out / first[m] / "model") for m in methods}}
+    runs = {m: stages.get(f"capability_{first[m]}", lambda: capability_run(cfg, path, s))
+            for m, path in models.items()}
     return capability_block(runs)
 
 
@@ -108,24 +117,17 @@ def train_seeds(cfg: DemoConfig) -> list[int]:
     return [cfg.seed + k for k in range(cfg.seeds)]
 
 
-def run_name(method: str, seed: int, cfg: DemoConfig) -> str:
-    """A training run's directory, stage and samples name: the method's for the first seed, "<method>-seed<S>" for
-    the other seeds of --seeds."""
-    return method if seed == cfg.seed else f"{method}-seed{seed}"
-
-
-def across_seeds(axis, cfg: DemoConfig, methods: list[str], first: dict, others: dict) -> dict:
+def across_seeds(axis, cfg: DemoConfig, methods: list[str], every: dict) -> dict:
     """results.json "seeds": per metric and split (the axis' per-unit values, `Axis.units`), base's mean over units
     (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and each
     pair of trained methods (opct.experiment.pairs) paired unit by unit within each seed; the methods' intervals come
-    from the two-way bootstrap over seeds and units (`opct.experiment.compare_seeds`)."""
-    from opct.experiment import BASE, compare_seeds, runs
+    from the two-way bootstrap over seeds and units (`opct.experiment.compare_seeds`); `every`: results "runs"."""
+    from opct.experiment import compare_seeds
 
     seeds = train_seeds(cfg)
-    every = runs({"methods": first, "seed_runs": others})  # run name -> its evaluation
-    units = {m: [axis.units(every[run_name(m, s, cfg)]) for s in seeds] for m in methods}
-    base = axis.units(first[BASE]) if BASE in first else {}
-    return {"train_seeds": seeds, "runs": {m: [run_name(m, s, cfg) for s in seeds] for m in methods},
+    units = {m: [axis.units(every[run_name(m, s)]) for s in seeds] for m in methods}
+    base = axis.units(every[BASE]) if BASE in every else {}
+    return {"train_seeds": seeds, "runs": {m: [run_name(m, s) for s in seeds] for m in methods},
             "table": compare_seeds(units, base)}
 
 
@@ -209,6 +211,18 @@ def refuse_unless_resumable(cfg: DemoConfig, state: str, changed: list[str]) -> 
                        "kept) or choose another --out")
 
 
+def refuse_old_layout(cfg: DemoConfig) -> None:
+    """A stopped demo an earlier opct wrote, whose first seed's training runs are named after their method
+    (<out>/sft, <out>/opct), cannot be continued: this opct names every run "<method>-seed<S>" and would train the
+    first seed again beside the old runs. A UserError naming the folder and what to do."""
+    old = [m for m in TRAINED if (Path(cfg.out) / m).is_dir()]
+    if old:
+        raise UserError(f"{cfg.out}: a demo stopped by an earlier opct, whose runs are named after their method "
+                        f"({', '.join(old)}); this opct names every run <method>-seed<S> (e.g. "
+                        f"{run_name(old[0], cfg.seed)}) and cannot continue it: run the demo again into another "
+                        "--out (or remove this one), or finish it with the opct that started it")
+
+
 def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
     """One demo per axis config (each with out = <out>/<axis>), then the summary across axes (module docstring).
     With --resume, axes that finished are kept and an unfinished one continues (`run_demo`)."""
@@ -227,6 +241,7 @@ def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
         states[c.axis], changed = demo_state(c)
         if not (states[c.axis] == "done" and c.resume):
             refuse_unless_resumable(c, states[c.axis], changed)
+            refuse_old_layout(c)
             preflight(c)  # run_demo checks again when its turn comes: an endpoint may stop answering meanwhile
     t_start = time.perf_counter()
     for i, c in enumerate(cfgs, 1):
@@ -323,15 +338,16 @@ class DemoRun:
                        pairs=pairs, probe=probe, probe_every=self.cfg.probe_every)
         self.bar.update()
 
-    def compared(self, methods: list[str], first: dict, others: dict) -> dict:
-        """results.json "comparison" (the first seed's runs) and, with --seeds, "seed_runs" and "seeds"."""
+    def compared(self, methods: list[str], every: dict) -> dict:
+        """results.json "comparison" (the first seed's runs: base and each method's run of --seed) and, with
+        --seeds, "seeds"; `every`: results "runs"."""
         out = {}
+        first = {m: every[run_name(m, self.cfg.seed)] for m in [BASE, *methods]}
         comparison = compare({m: self.axis.units(r) for m, r in first.items()})
         if comparison:
             out["comparison"] = comparison
         if self.cfg.seeds > 1:
-            out["seed_runs"] = others
-            out["seeds"] = across_seeds(self.axis, self.cfg, methods, first, others)
+            out["seeds"] = across_seeds(self.axis, self.cfg, methods, every)
         return out
 
 
@@ -344,6 +360,7 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     out = Path(cfg.out)
     refuse_unless_resumable(cfg, *demo_state(cfg))
+    refuse_old_layout(cfg)
     axis, methods = preflight(cfg)
     threads.use(cfg.threads)
     t_start = time.perf_counter()
@@ -352,22 +369,21 @@ def run_demo(cfg: DemoConfig) -> Path:
     try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
         base = inference_policy(cfg.model, cfg)
         data = demo.prepare(base.tok, methods)
-        results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "methods": {},
+        results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "runs": {},
                    "info": data.info, "timings": demo.timings}
         bar.set_postfix_str("evaluating base")
-        results["methods"][BASE] = demo.evaluate(BASE, loaded=base)
+        results["runs"][BASE] = demo.evaluate(BASE, loaded=base)
         del base
         bar.update()
         probe = axis.probe(data, cfg) if cfg.probe_every else None
-        seed_runs: dict[str, dict] = {}
         for seed in train_seeds(cfg):
             for m in methods:
-                name = run_name(m, seed, cfg)  # the first seed's runs are plain <method>
+                name = run_name(m, seed)  # <method>-seed<S>
                 demo.train(m, seed, name, probe)
                 bar.set_postfix_str(f"evaluating {name}")
-                (results["methods"] if name == m else seed_runs)[name] = demo.evaluate(name)
+                results["runs"][name] = demo.evaluate(name)
                 bar.update()
-        results.update(demo.compared(methods, results["methods"], seed_runs))
+        results.update(demo.compared(methods, results["runs"]))
         if cfg.capability:
             bar.set_postfix_str("capability")
             results["capability"] = demo.timed("capability", capability, cfg, out, methods, demo.stages)

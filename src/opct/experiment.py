@@ -7,6 +7,12 @@ docs/controls.md) and the methods it is compared with (`compared_with`). Nothing
 demo trains the rows asked for, the report labels and colours them from here, and every comparison comes from
 `compare`, so adding a control is one row here plus, if it needs one, the TrainConfig field it sets.
 
+A run is one method trained with one training seed, named "<method>-seed<S>" (`run_name`: opct-seed0,
+opct-shuffled-seed1; the base model's is "base"): its directory, stages and samples file, and its key in results.json
+"runs" ({run name: the axis' evaluation result}). "The first seed" (the config's --seed) is a view, not a naming
+rule: `first_runs` and `methods_view` give each method's run of it, which the comparisons, capability and the
+report's tables show. `read_results` reads an earlier opct's results.json into this schema.
+
 A comparison pairs two methods item by item on the per-unit values an axis reads off its evaluation result
 (`Axis.units`: metric -> split -> {unit: value}, a question's 0/1, a fact's pass rate). results.json "comparison"
 holds, for each pair (a, b) of the methods run where b is in a's `compared_with`, "<a>_minus_<b>": metric -> split
@@ -125,11 +131,66 @@ def compare_seeds(units: dict[str, list[dict]], base: dict) -> dict:
     return table
 
 
+def run_name(method: str, seed: int) -> str:
+    """A training run's name: its directory <out>/<name>, its stages (train_<name>, eval_<name>), its samples file
+    samples/<name>.jsonl and its key in results "runs": "<method>-seed<S>" with S the training seed (`--seed` +
+    k for `--seeds N`), e.g. opct-seed0, opct-shuffled-seed1. The base model is trained with no seed: "base"."""
+    return BASE if method == BASE else f"{method}-seed{seed}"
+
+
+def parse_run(name: str) -> tuple[str, int | None]:
+    """(method, seed) of a run name (`run_name`); (name, None) for base or a name of no such shape."""
+    method, sep, seed = name.rpartition("-seed")
+    return (method, int(seed)) if sep and method and seed.isdigit() else (name, None)
+
+
+def first_seed(results: dict) -> int | None:
+    """A demo's first training seed: its config's --seed (the first of its training seeds); without a config, the
+    smallest seed of its runs; None when it has no trained run."""
+    seed = (results.get("config") or {}).get("seed") if isinstance(results.get("config"), dict) else None
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed
+    seeds = [s for s in (parse_run(r)[1] for r in results.get("runs") or {}) if s is not None]
+    return min(seeds) if seeds else None
+
+
+def first_runs(results: dict) -> dict[str, str]:
+    """{method: its run of the first training seed} for base and every method run (`first_seed`), in the order of
+    results "runs": the view of one model per method that the report's tables, the comparisons and capability
+    show."""
+    first = first_seed(results)
+    out = {}
+    for run in results.get("runs") or {}:
+        method, seed = parse_run(run)
+        if run == BASE or (seed is not None and seed == first):
+            out[method] = run
+    return out
+
+
+def methods_view(results: dict) -> dict[str, dict]:
+    """{method: evaluation} of base and each method's run of the first training seed (`first_runs`), from results
+    "runs"; entries that are not an evaluation (a JSON object) are left out."""
+    every = results.get("runs") or {}
+    return {m: every[r] for m, r in first_runs(results).items() if isinstance(every[r], dict)}
+
+
+def on_disk(out, run: str, results: dict) -> str:
+    """The name `run` of demo `results` has in its folder `out` (its directory <out>/<name>, its
+    samples/<name>.jsonl): the run's own, or in a demo an earlier opct wrote, the method's for the first seed's run
+    (`read_runs`)."""
+    from pathlib import Path
+
+    out, (method, seed) = Path(out), parse_run(run)
+
+    def there(name):
+        return (out / name).is_dir() or (out / "samples" / f"{name}.jsonl").is_file()
+    return method if seed is not None and seed == first_seed(results) and not there(run) and there(method) else run
+
+
 def runs(results: dict) -> dict[str, dict]:
-    """Every evaluated run of a demo's results, {run name: its evaluation}: base, each method's run of the first
-    training seed (results "methods", named after the method) and of the other seeds (results "seed_runs",
-    "<method>-seed<S>")."""
-    return {**(results.get("methods") or {}), **(results.get("seed_runs") or {})}
+    """Every evaluated run of a demo's results, {run name: its evaluation} (results "runs": base and
+    "<method>-seed<S>" for each method and training seed)."""
+    return dict(results.get("runs") or {})
 
 
 def read_comparison(comparison: dict) -> dict:
@@ -162,13 +223,36 @@ def read_comparison(comparison: dict) -> dict:
     return {k: {mt: {s: c for s, c in sp.items() if c} for mt, sp in tables.items()} for k, tables in out.items()}
 
 
+def read_runs(results: dict) -> dict:
+    """Earlier demos' runs in this schema: they named the first training seed's runs after their method (results
+    "methods": base, sft, opct, ...; directories <out>/sft, <out>/opct) and only the other seeds' "<method>-seed<S>"
+    (results "seed_runs"). Here every run is "<method>-seed<S>" (`run_name`) in one map, results "runs"; the
+    first seed is the config's --seed, and results "seeds" "runs" names them so too."""
+    if "methods" not in results and "seed_runs" not in results:
+        return results
+    results = dict(results)
+    first = first_seed(results) or 0  # an earlier demo without a config ran with --seed's default, 0
+
+    def renamed(name):
+        return name if name == BASE or parse_run(name)[1] is not None else run_name(name, first)
+    every = {renamed(k): v for k, v in (results.pop("methods", None) or {}).items()}
+    results["runs"] = {**every, **(results.pop("seed_runs", None) or {})}
+    seeds = results.get("seeds")
+    if isinstance(seeds, dict) and isinstance(seeds.get("runs"), dict):
+        results["seeds"] = {**seeds, "runs": {m: [renamed(r) for r in rs] if isinstance(rs, list) else rs
+                                              for m, rs in seeds["runs"].items()}}
+    return results
+
+
 def read_results(results: dict, where: str = "results.json") -> dict:
     """A results.json in this opct's schema, from this opct or an earlier one: demos before the axes existed were
-    sycophancy runs and wrote no "axis"; earlier comparisons had each axis' own shape (`read_comparison`). The one
-    place old files are read."""
+    sycophancy runs and wrote no "axis"; earlier demos named their first seed's runs after the method and kept the
+    other seeds apart (`read_runs`); earlier comparisons had each axis' own shape (`read_comparison`). The one place
+    old files are read."""
     if not isinstance(results, dict):
         raise ValueError(f"{where}: expected a JSON object")
     results = {"axis": "sycophancy", **results} if "axis" not in results else dict(results)
+    results = read_runs(results)
     if "comparison" in results:
         results["comparison"] = read_comparison(results["comparison"])
     return results

@@ -1,5 +1,5 @@
 """A demo's evaluations as Inspect logs: one per evaluated model, <out>/inspect/<created>_<axis>_<run>_<id>.json
-(e.g. inspect/2026-11-29T10-04-31-00-00_sycophancy_opct_3f9a...json), in inspect_ai's EvalLog JSON (log format
+(e.g. inspect/2026-11-29T10-04-31-00-00_sycophancy_opct-seed0_3f9a...json), in inspect_ai's EvalLog JSON (log format
 version 2), so that `inspect view --log-dir <out>/inspect` and `inspect log list --log-dir <out>/inspect` list them
 and show every prompt, answer and verdict, and `inspect_ai.log.read_eval_log` / `read_eval_log_samples` read them.
 Written from the run's samples/<run>.jsonl (and the sycophancy axis' samples/<run>.shifted.jsonl) and results.json,
@@ -9,9 +9,9 @@ inspect_ai, over `inspect view`'s HTTP API too, in CI's .ci/inspect stage).
 The name is Inspect's own shape: Inspect lists a .json file as a log only when its name starts with an ISO time
 (inspect_ai/log/_file.py, `log_file_pattern` and `is_log_file`, 0.3.285) and reads task and task id from the rest,
 {created}_{task}_{model}_{id} (INSPECT_EVAL_LOG_FILE_PATTERN={task}_{model}_{id}, inspect_ai/_util/log_layout.py),
-here with the run (base, sft, opct, opct-seed4, ...) in the model's place. Created is the samples file's time (to
-the second) and the id a hash of the run's source and name, so exporting the same run again overwrites its log; a
-log this writes replaces the logs opct wrote before for the same run in that directory (an older time's, and the
+here with the run (base, sft-seed0, opct-seed0, opct-seed4, ...) in the model's place. Created is the samples
+file's time (to the second) and the id a hash of the run's source and name, so exporting the same run again
+overwrites its log; a log this writes replaces the logs opct wrote before for the same run in that directory (an older time's, and the
 <run>.json / X.inspect.json names earlier opct wrote), and no other file.
 
 Per sample: the prompt as chat messages (input), the model's answer (output), the axis' verdict as a score, and
@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 
 from opct.data.io import read_jsonl, write_json
-from opct.experiment import BASE, runs
+from opct.experiment import BASE, on_disk, runs
 from opct.stats import result_rows
 
 
@@ -99,7 +99,7 @@ def name_part(text: str) -> str:
 
 def log_name(created: str, axis: str, label: str, ident: str) -> str:
     """{created}_{task}_{label}_{id}.json, as Inspect names a log (its task without the package: `sycophancy`
-    for opct/sycophancy), e.g. 2026-11-29T10-04-31-00-00_sycophancy_opct_<id>.json."""
+    for opct/sycophancy), e.g. 2026-11-29T10-04-31-00-00_sycophancy_opct-seed0_<id>.json."""
     return "_".join(name_part(x) for x in (created, axis, label, ident)) + ".json"
 
 
@@ -177,10 +177,12 @@ def write_log(log_dir: Path, axis: str, run: str, model: str, samples: Path, res
 
 
 def write_logs(out: str | Path, results: dict) -> list[Path]:
-    """<out>/inspect/<created>_<axis>_<run>_<id>.json for every evaluated model of a demo's results (its methods
-    and other seeds' runs) that has per-example samples (samples/<run>.jsonl); returns the paths written."""
+    """<out>/inspect/<created>_<axis>_<run>_<id>.json for every evaluated model of a demo's results (results "runs":
+    base and each "<method>-seed<S>") that has per-example samples (samples/<run>.jsonl; in a demo an earlier opct
+    wrote, the first seed's are samples/<method>.jsonl: opct.experiment.on_disk); returns the paths written."""
     out = Path(out)
     axis, model = results.get("axis", ""), results.get("model", "")
     written = [write_log(out / "inspect", axis, run, model if run == BASE else f"{model}+{run}",
-                         out / "samples" / f"{run}.jsonl", result, out) for run, result in runs(results).items()]
+                         out / "samples" / f"{on_disk(out, run, results)}.jsonl", result, out)
+               for run, result in runs(results).items()]
     return [p for p in written if p is not None]

@@ -16,7 +16,7 @@ from opct.stats import result_rows
 from opct.cli import main
 from opct.data.pairs import ConsistencyPair
 
-SCHEMA = {"axis", "model", "config", "methods", "info", "timings", "wall_seconds"}
+SCHEMA = {"axis", "model", "config", "runs", "info", "timings", "wall_seconds"}
 
 
 class FakeAxis:
@@ -134,24 +134,26 @@ def test_generic_demo_on_a_fake_axis_and_eval_axis_reproduces_it(fake_axis, tiny
     assert code == 0
     res = json.loads((out / "results.json").read_text())
     assert SCHEMA <= set(res) and res["axis"] == "fake"
-    assert set(res["methods"]) == {"base", "sft", "opct"} and res["info"] == {"n_train_pairs": 5}
+    assert set(res["runs"]) == {"base", "sft-seed0", "opct-seed0"} and res["info"] == {"n_train_pairs": 5}
     assert res["config"]["n_train"] == 5 and res["config"]["max_new_tokens"] == 3  # the axis' defaults
-    assert {"prepare", "eval_base", "train_sft", "eval_sft", "train_opct", "eval_opct"} <= set(res["timings"])
-    targets = (out / "sft" / "targets.jsonl").read_text().splitlines()
+    stages = {"prepare", "eval_base", "train_sft-seed0", "eval_sft-seed0", "train_opct-seed0", "eval_opct-seed0"}
+    assert stages <= set(res["timings"])
+    targets = (out / "sft-seed0" / "targets.jsonl").read_text().splitlines()
     assert len(targets) == 5 * 2  # FakeAxis.sft: two targets per teacher prompt
-    sft_cfg = yaml.safe_load((out / "sft" / "config.yaml").read_text())
+    sft_cfg = yaml.safe_load((out / "sft-seed0" / "config.yaml").read_text())
     assert (sft_cfg["prompts_per_step"], sft_cfg["micro_batch"], sft_cfg["steps"]) == (1, 2, 2)
-    for m in ("base", "sft", "opct"):
-        assert (out / "samples" / f"{m}.jsonl").is_file()
+    for r in ("base", "sft-seed0", "opct-seed0"):
+        assert (out / "samples" / f"{r}.jsonl").is_file()
     md = (out / "report.md").read_text()
     assert "Axis: fake" in md and "| words |" in md
 
     capsys.readouterr()
-    code = main(["eval", "--axis", "fake", "--model", str(out / "opct" / "model"), "--out", str(tmp_path / "e.json")])
+    code = main(["eval", "--axis", "fake", "--model", str(out / "opct-seed0" / "model"),
+                 "--out", str(tmp_path / "e.json")])
     assert code == 0
     again = json.loads((tmp_path / "e.json").read_text())
-    assert again["axis"] == "fake" and again["hit"] == res["methods"]["opct"]["hit"]
-    assert again["responses"] == res["methods"]["opct"]["responses"]
+    assert again["axis"] == "fake" and again["hit"] == res["runs"]["opct-seed0"]["hit"]
+    assert again["responses"] == res["runs"]["opct-seed0"]["responses"]
     assert (tmp_path / "e.samples.jsonl").is_file()
     assert "hit" in capsys.readouterr().out
 
@@ -201,7 +203,7 @@ def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
     assert code == 0
     res = json.loads((out / "results.json").read_text())
     assert SCHEMA | {"comparison"} <= set(res) and res["axis"] == "safety"
-    for m, r in res["methods"].items():
+    for r in res["runs"].values():
         assert r["judge"] == "keyword"
         assert set(r["pass_rate"]) == {"heldout", "heldout_variants", "train", "oracle"}
         assert set(r["over_warning"]) == {"contrast"}
@@ -215,11 +217,11 @@ def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
         per = units["pass_rate"]["heldout"]
         assert sum(per.values()) / len(per) == pytest.approx(r["pass_rate"]["heldout"]["value"])
     assert set(res["comparison"]["opct_minus_base"]["pass_rate"]) == {"heldout", "heldout_variants", "train"}
-    assert len((out / "sft" / "targets.jsonl").read_text().splitlines()) == 6 * 3  # k = 3 samples per prompt
-    sft_cfg = yaml.safe_load((out / "sft" / "config.yaml").read_text())
+    assert len((out / "sft-seed0" / "targets.jsonl").read_text().splitlines()) == 6 * 3  # k = 3 samples per prompt
+    sft_cfg = yaml.safe_load((out / "sft-seed0" / "config.yaml").read_text())
     assert (sft_cfg["temperature"], sft_cfg["samples_per_prompt"]) == (1.0, 3)
     assert (sft_cfg["prompts_per_step"], sft_cfg["micro_batch"]) == (1, 3)  # ~ as many sequences as OPCT's 2
-    rows = [json.loads(x) for x in (out / "samples" / "opct.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "samples" / "opct-seed0.jsonl").read_text().splitlines()]
     assert {r["split"] for r in rows} == {"heldout", "heldout_variants", "train", "contrast", "oracle"}
     assert "What each split holds out" in (out / "report.md").read_text()
     md = (out / "report.md").read_text()

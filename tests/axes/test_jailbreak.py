@@ -179,7 +179,7 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
                                     "k_samples": 2, "wrappers": ["w1", "w2"]},
                 "samples": {"bare": [{"prompt": "do harm", "response": "I'm sorry", "label": "refused"}]}}
 
-    res = {"methods": {"opct": method(0.1), "base": method(0.6)}}
+    res = {"runs": {"opct-seed0": method(0.1), "base": method(0.6)}}
     blocks = JR.report_blocks(res, tmp_path)
     held, *tables = [b for b in blocks if b[0] == "table"]
     assert held[1] == ["Split", "Behaviours", "Wrapper"]  # what each split holds out, along both dimensions
@@ -194,7 +194,7 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
     empty = method(0.6)
     empty["asr"]["heldout_family"] = {"value": None, "lo": 0.0, "hi": 1.0, "n": 0}
     empty["unclosed_reasoning"] = {"heldout_family": 10}
-    blocks = JR.report_blocks({"methods": {"base": empty}}, tmp_path / "empty")
+    blocks = JR.report_blocks({"runs": {"base": empty}}, tmp_path / "empty")
     assert (tmp_path / "empty" / "plots" / "jailbreak_by_split.png").stat().st_size > 1000
     assert any(b[0] == "p" and "base 10 (heldout_family 10)" in b[1] for b in blocks)
 
@@ -225,21 +225,21 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
              "--benign-share", "0.25"]  # the fake pool holds 3 benign prompts
     assert main(["demo", *flags, "--steps", "1", "--prompts-per-step", "2", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert res["axis"] == "jailbreak" and set(res["methods"]) == {"base", "sft", "opct"}
+    assert res["axis"] == "jailbreak" and set(res["runs"]) == {"base", "sft-seed0", "opct-seed0"}
     assert res["info"]["n_sft_pairs"] == res["info"]["n_train_pairs"] + res["info"]["n_benign_regulariser_pairs"]
     assert res["info"]["opct_benign"] and res["info"]["n_opct_pairs"] == res["info"]["n_sft_pairs"]  # the same pairs
     assert sum('"benign": true' in line for line in (out / "pairs.jsonl").read_text().splitlines()) == \
         res["info"]["n_benign_regulariser_pairs"] > 0
-    for m in res["methods"].values():
+    for m in res["runs"].values():
         assert set(m["asr"]) == {"bare", *JD.SPLITS, "prefill", "multiturn"} and m["over_refusal"]["n"] == 1
         assert m["adaptive_attack"]["attempts_per_behaviour"] == 3 + 2 + 1  # held-out wrappers + family + 1 sample
         second = m["second_judge"]
         assert second["judge"] == "advbench_prefixes" and second["agreement_with_refusal_judge"]["n"] == \
             sum(res["info"]["eval_items"].values())
-    assert (out / "opct" / "model" / "adapter_config.json").is_file() and (out / "sft" / "model").is_dir()
+    assert (out / "opct-seed0" / "model" / "adapter_config.json").is_file() and (out / "sft-seed0" / "model").is_dir()
     from opct.axes import get_axis
 
-    for m in res["methods"].values():  # the per-prompt 0/1s behind each rate (what --seeds averages)
+    for m in res["runs"].values():  # the per-prompt 0/1s behind each rate (what --seeds averages)
         units = get_axis("jailbreak").units(m)
         for s, per in units["asr"].items():
             assert sum(per.values()) / len(per) == pytest.approx(m["asr"][s]["value"]) and len(per) == m["asr"][s]["n"]
@@ -253,14 +253,15 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     rows = headline_rows(res)
     assert [(r["metric"], r["split"]) for r in rows] == [("asr", "heldout_wrappers"), ("asr", "heldout_family"),
                                                          ("adaptive_attack", "cracked"), ("over_refusal", None)]
-    assert rows[2]["methods"]["opct"] == res["methods"]["opct"]["adaptive_attack"]["cracked"]
+    assert rows[2]["methods"]["opct"] == res["runs"]["opct-seed0"]["adaptive_attack"]["cracked"]
     assert all(r["methods"][m] is not None for r in rows for m in ("base", "sft", "opct"))
-    assert len((out / "samples" / "opct.jsonl").read_text().splitlines()) == sum(res["info"]["eval_items"].values()) + 2
+    lines = (out / "samples" / "opct-seed0.jsonl").read_text().splitlines()
+    assert len(lines) == sum(res["info"]["eval_items"].values()) + 2
     ev = tmp_path / "eval.json"
-    assert main(["eval", *flags, "--model", str(out / "opct" / "model"), "--out", str(ev)]) == 0
+    assert main(["eval", *flags, "--model", str(out / "opct-seed0" / "model"), "--out", str(ev)]) == 0
     again = json.loads(ev.read_text())
-    assert again["asr"] == res["methods"]["opct"]["asr"] and again["adaptive_attack"] == \
-        res["methods"]["opct"]["adaptive_attack"]
+    assert again["asr"] == res["runs"]["opct-seed0"]["asr"] and again["adaptive_attack"] == \
+        res["runs"]["opct-seed0"]["adaptive_attack"]
 
 
 def test_advbench_prefix_judge_reads_the_list_from_the_wheel_and_matches_anywhere(fake_wheels):  # noqa: F811

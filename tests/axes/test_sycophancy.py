@@ -10,6 +10,7 @@ from opct.axes.sycophancy import data as SD
 from opct.axes.sycophancy import evaluate as SE
 from opct.axes.sycophancy.data import EvalItem
 from opct.data.mcq import LETTERS, MCQ, load_mcq
+from opct.experiment import run_name
 
 QS = load_mcq("capitals+kinds+opposites", n=36, seed=0)
 
@@ -299,7 +300,8 @@ def test_the_report_says_what_each_split_holds_out_and_shows_the_paired_changes(
     methods = {m: {"sycophancy_rate": {"heldout_cues": cell, "shifted_heldout_cues": cell}, "clean_accuracy": cell}
                for m in ("base", "sft", "opct")}
     change = {"value": -0.2, "lo": -0.35, "hi": -0.05, "n": 20}
-    results = {"methods": methods, "info": {"shift_source": "arc-easy-validation"},
+    results = {"runs": {run_name(m, 0): r for m, r in methods.items()},
+               "info": {"shift_source": "arc-easy-validation"},
                "comparison": {"opct_minus_sft": {"sycophancy_rate": {"shifted_heldout_cues": change}}}}
     blocks = get_axis("sycophancy").report_blocks(results, tmp_path)
     tables = {b[1] if b[0] == "h3" else None: i for i, b in enumerate(blocks)}

@@ -548,19 +548,19 @@ def test_the_demo_through_vllm_runs_end_to_end_and_matches_the_policy_demo(tmp_p
         assert cli.main([*common, "--out", str(out), "--sampler", engine, "--eval-engine", engine]) == 0
         runs[engine] = json.loads((out / "results.json").read_text())
     v, p = runs["vllm"], runs["policy"]
-    for m in ("base", "sft"):
-        assert v["methods"][m] == p["methods"][m], m
+    for r in ("base", "sft-seed0"):
+        assert v["runs"][r] == p["runs"][r], r
     for task in ("arc_easy", "gsm8k"):
         cap_v, cap_p = v["capability"][task]["methods"], p["capability"][task]["methods"]
         for m in ("base", "sft"):
             assert cap_v[m]["value"] == cap_p[m]["value"] and cap_v[m]["n"] == cap_p[m]["n"] == 4, (task, m)
         assert cap_v["opct"]["n"] == 4
-    rows = [json.loads(x) for x in (tmp_path / "vllm" / "opct" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "vllm" / "opct-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3
     for r in rows:
         assert abs(r["is_weight_mean"] - 1) < 1e-4 and r["is_truncated"] == 0 and r["sampler_logp_gap"] < 1e-4
     assert all(r["sync_gap_trainer"] < 1e-4 < r["sync_drift"] for r in rows[1:])
-    execution = json.loads((tmp_path / "vllm" / "opct" / "run.json").read_text())["execution"]
+    execution = json.loads((tmp_path / "vllm" / "opct-seed0" / "run.json").read_text())["execution"]
     assert execution["sampler"] == "VLLMSampler"
-    policy_run = json.loads((tmp_path / "policy" / "opct" / "run.json").read_text())
+    policy_run = json.loads((tmp_path / "policy" / "opct-seed0" / "run.json").read_text())
     assert policy_run["execution"].get("sampler") is None

@@ -300,18 +300,18 @@ def test_demo_capability_stage_and_report(fake_cache, tiny_model_dir, tmp_path):
     from opct.report import write_report
 
     model, tok = lora_model(tiny_model_dir)
-    model.save_pretrained(tmp_path / "opct" / "model")
-    tok.save_pretrained(tmp_path / "opct" / "model")
+    model.save_pretrained(tmp_path / "opct-seed0" / "model")  # OPCT's run of the first seed (--seed 0)
+    tok.save_pretrained(tmp_path / "opct-seed0" / "model")
     cfg = DemoConfig(model=str(tiny_model_dir), capability="arc_easy,mmlu_anatomy", batch_size=2, device="cpu")
     block = capability(cfg, tmp_path, ["opct"], Stages(tmp_path))
     kept = Stages(tmp_path)  # a demo continued with --resume: each model's lm-eval run is read back, not rerun
-    assert capability(cfg, tmp_path, ["opct"], kept) == block and kept.kept == ["capability_base", "capability_opct"]
+    assert capability(cfg, tmp_path, ["opct"], kept) == block and kept.kept == ["capability_base", "capability_opct-seed0"]
     assert set(block) == {"arc_easy", "mmlu_anatomy"}
     for row in block.values():
         assert set(row["methods"]) == {"base", "opct"} and set(row["delta"]) == {"opct"}
         d = row["delta"]["opct"]
         assert d["value"] == pytest.approx(row["methods"]["opct"]["value"] - row["methods"]["base"]["value"])
-    (tmp_path / "results.json").write_text(json.dumps({"model": "tiny", "methods": {}, "capability": block}))
+    (tmp_path / "results.json").write_text(json.dumps({"model": "tiny", "runs": {}, "capability": block}))
     paths = write_report(tmp_path)
     assert "Capability retention" in paths["markdown"].read_text() and paths["plots"]["capability"].is_file()
 

@@ -3,7 +3,8 @@ writes them).
 
 Inputs (under `run_dir`):
   results.json             written by the demo / eval (required), read through opct.experiment.read_results
-  <method>/metrics.jsonl   one JSON object per training step of each trained method (optional)
+  <method>-seed<S>/metrics.jsonl   one JSON object per training step of each method's run of the first training
+                           seed (optional; opct.experiment.first_runs)
 
 The report only presents the numbers: every table cell comes straight from results.json, and the intervals are the
 ones the evaluator computed. The shared sections (header, seeds, controls, capability, plots, training logs, what
@@ -18,7 +19,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from opct.data.io import atomic_write, read_jsonl
-from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, pairs, tests_control
+from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, first_runs, methods_view, on_disk, pairs, tests_control
 from opct.experiment import key as pair_key
 from opct.experiment import read_results as read_schema
 from opct.report.render import (COLORS, DASH, METHOD_ORDER, OTHER_COLORS, axis_metrics, direction, flatten, fmt_cell,
@@ -150,8 +151,9 @@ def plot_training(panels: list, path: Path) -> None:
 
 
 def method_table(results: dict) -> tuple[dict, list[str]]:
-    """results["methods"] without malformed entries, and the method names in display order."""
-    methods = {k: v for k, v in (results.get("methods") or {}).items() if isinstance(v, dict)}
+    """{method: evaluation} of base and each method's run of the first training seed (opct.experiment
+    .methods_view: malformed entries left out), and the method names in display order."""
+    methods = methods_view(results)
     return methods, ordered(methods, METHOD_ORDER)
 
 
@@ -206,12 +208,14 @@ def axis_blocks(results: dict, run_dir: Path) -> list:
     return get_axis(name).report_blocks(results, run_dir)
 
 
-def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Path], run_dir: Path) -> list:
-    """The whole report: header, what was run, the axis' section, capability, shared plots, training logs."""
+def build_blocks(results: dict, logs: dict[str, list[dict]], plots: dict[str, Path], run_dir: Path,
+                 dirs: dict[str, str] | None = None) -> list:
+    """The whole report: header, what was run, the axis' section, capability, shared plots, training logs (`dirs`:
+    each method's run directory, `log_blocks`)."""
     _, names = method_table(results)
     return (header_blocks(results, names, run_dir) + seeds_blocks(results, run_dir) + controls_blocks(results)
             + capability_blocks(results.get("capability")) + [("h2", "Results")] + axis_blocks(results, run_dir)
-            + plot_blocks(plots, run_dir) + log_blocks(logs) + run_blocks(results))
+            + plot_blocks(plots, run_dir) + log_blocks(logs, dirs) + run_blocks(results))
 
 
 def header_blocks(results: dict, names: list[str], run_dir: Path) -> list:
@@ -231,7 +235,9 @@ def header_blocks(results: dict, names: list[str], run_dir: Path) -> list:
         blocks.append(("table", ["Metric", "Split"] + [label(m) for m in names],
                        [[label(r["metric"]) + f" ({r['better']} is better)", r["split"] or DASH]
                         + [fmt_cell(r["methods"].get(m)) for m in names] for r in head]))
-    answers = [f"{label(m)}: samples/{m}.jsonl" for m in names if (run_dir / "samples" / f"{m}.jsonl").is_file()]
+    runs = {m: on_disk(run_dir, r, results) for m, r in first_runs(results).items()}
+    answers = [f"{label(m)}: samples/{runs[m]}.jsonl" for m in names
+               if m in runs and (run_dir / "samples" / f"{runs[m]}.jsonl").is_file()]
     if answers:
         blocks.append(("p", "Each model's answer to every evaluation prompt, with its verdict: " + "; ".join(answers)
                        + "."))
@@ -258,8 +264,9 @@ def plot_blocks(plots: dict[str, Path], run_dir: Path) -> list:
                                 for name, path in plots.items()]
 
 
-def log_blocks(logs: dict[str, list[dict]]) -> list:
-    """Per trained run, each logged key's count, first, last, min, max and mean over its steps."""
+def log_blocks(logs: dict[str, list[dict]], dirs: dict[str, str] | None = None) -> list:
+    """Per trained run (`logs`: method -> its metrics.jsonl rows; `dirs`: method -> its run directory, e.g.
+    opct-seed0), each logged key's count, first, last, min, max and mean over its steps."""
     blocks = [("h2", "Training logs")]
     for method, rows in logs.items():
         if not rows:
@@ -270,10 +277,11 @@ def log_blocks(logs: dict[str, list[dict]]) -> list:
             _, ys = series(rows, k)
             table.append([k, str(len(ys)), fmt_num(ys[0]), fmt_num(ys[-1]),
                           fmt_num(min(ys)), fmt_num(max(ys)), fmt_num(sum(ys) / len(ys))])
-        blocks.append(("p", f"{label(method)}: {len(rows)} logged steps ({method}/metrics.jsonl)."))
+        where = (dirs or {}).get(method, method)
+        blocks.append(("p", f"{label(method)}: {len(rows)} logged steps ({where}/metrics.jsonl)."))
         blocks.append(("table", ["Key", "Steps logged", "First", "Last", "Min", "Max", "Mean"], table))
     if len(blocks) == 1:
-        blocks.append(("p", "No training logs found (<method>/metrics.jsonl)."))
+        blocks.append(("p", "No training logs found (<method>-seed<S>/metrics.jsonl)."))
     return blocks
 
 
@@ -312,7 +320,7 @@ def compared(results: dict, controls: bool = False) -> list[tuple[str, str, dict
     """results "comparison" (opct.experiment.compare) as (a, b, metric -> split -> cell) in the table's order: the
     pairs of a control and the method it tests (`controls`), or all the others."""
     comp = results.get("comparison") or {}
-    return [(a, b, comp[pair_key(a, b)]) for a, b in pairs(results.get("methods") or {})
+    return [(a, b, comp[pair_key(a, b)]) for a, b in pairs(methods_view(results))
             if tests_control(a, b) == controls and pair_key(a, b) in comp]
 
 
@@ -433,7 +441,8 @@ def write_report(run_dir: str | Path) -> dict:
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path}: no such file (the report is built from the eval results)")
     results = read_results(results_path)
-    logs = {m: read_metrics(run_dir / m / "metrics.jsonl") for m in TRAINED}
+    dirs = {m: on_disk(run_dir, r, results) for m, r in first_runs(results).items()}  # the first seed's training runs
+    logs = {m: read_metrics(run_dir / dirs[m] / "metrics.jsonl") for m in TRAINED if m in dirs}
 
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
@@ -451,7 +460,7 @@ def write_report(run_dir: str | Path) -> dict:
     from opct.inspect_log import write_logs
 
     inspect = write_logs(run_dir, results)  # the per-example evaluations as Inspect logs (opct.inspect_log)
-    blocks = build_blocks(results, logs, plots, run_dir)
+    blocks = build_blocks(results, logs, plots, run_dir, dirs)
     if inspect:
         at = next(i for i, b in enumerate(blocks) if b[0] == "h2" and b[1] == "Results")
         names = ", ".join(p.relative_to(run_dir).as_posix() for p in inspect)

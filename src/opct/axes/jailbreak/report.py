@@ -68,10 +68,10 @@ def report_blocks(results: dict, out) -> list:
     from pathlib import Path
 
     from opct.report.render import METHOD_ORDER, label, ordered
-    from opct.report.run import held_out_blocks, paired_blocks, unclosed_block
+    from opct.report.run import held_out_blocks, method_table, paired_blocks, unclosed_block
 
     out = Path(out)
-    methods = {k: v for k, v in (results.get("methods") or {}).items() if isinstance(v, dict) and "asr" in v}
+    methods = {k: v for k, v in method_table(results)[0].items() if "asr" in v}
     names = ordered(methods, METHOD_ORDER)
     if not names:
         return [("p", "No jailbreak results.")]

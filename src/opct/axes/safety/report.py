@@ -68,8 +68,7 @@ def held_out_blocks(results: dict) -> list:
     from opct.report.run import held_out_blocks as table
 
     info = results.get("info") or {}
-    present = [s for s in HELD_OUT if any(s in (m.get("per_fact") or {}) for m in results.get("methods", {}).values()
-                                          if isinstance(m, dict))]
+    present = [s for s in HELD_OUT if any(s in (m.get("per_fact") or {}) for m in method_table(results)[0].values())]
     if "heldout_variants" not in present:
         return []
     held = ", ".join(info.get("heldout_variants", [])) or DASH
