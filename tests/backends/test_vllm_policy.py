@@ -126,7 +126,7 @@ def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir,
 
     from transformers import AutoTokenizer
 
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     longest = max(len(render_prompt(tok, p.student)) for p in make_pairs())
     assert seen["max_model_len"] == longest + cfg.max_new_tokens
