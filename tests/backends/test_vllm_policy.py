@@ -305,7 +305,7 @@ def test_a_resumed_run_syncs_the_checkpoints_weights_before_its_first_sample(tin
     first = Recording()
     monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: first)
 
-    def stop_after_step_3(policy):
+    def stop_after_step_3(policy, fmt):
         if len(first.synced) == 4:  # steps 1-3 done, the step-2 checkpoint written
             raise Killed
 

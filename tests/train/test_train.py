@@ -239,7 +239,7 @@ def test_resume_reproduces_uninterrupted_metrics(tiny_model_dir, tmp_path, lora_
     train(cfg_for(tiny_model_dir, full, steps=5, save_every=2, lora_rank=lora_rank, backend=backend, threads=2),
           pairs=make_pairs(), show_progress=False)
 
-    def kill_at_4(policy):
+    def kill_at_4(policy, fmt):
         if len(metrics(part)) == 3:  # dies during step 4, after the step-2 checkpoint and before step-4's
             raise Killed
 
