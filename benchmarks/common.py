@@ -102,7 +102,7 @@ REFUSAL = "I can't help with that request."
 
 def prompt_length(tokenizer, messages: list[dict]) -> int:
     """Tokens of `messages` + the assistant generation prompt, rendered as opct renders a pair's side."""
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
 
     return len(render_prompt(tokenizer, messages))
 

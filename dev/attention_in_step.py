@@ -75,7 +75,7 @@ for step in range(n_steps):
     gen.manual_seed(1000 + step // 2)
     acc.update(fwd=0.0, bwd=0.0, calls=0)
     t0 = time.perf_counter()
-    r = opct_step(pol, batch, run.cfg, gen)
+    r = opct_step(pol, run.fmt, batch, run.cfg, gen)
     step_s = time.perf_counter() - t0
     pol.model.zero_grad(set_to_none=True)
     print(json.dumps({"mode": "new" if MODE["new"] else "old", "step_s": step_s, **acc,

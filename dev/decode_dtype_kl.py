@@ -31,7 +31,7 @@ def main() -> None:
     from opct.backends.cpu.decoder import LeanDecoder
     from opct.backends.cpu.prefill import prefill
     from opct.config import ExecConfig
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
     from opct.models import add_lora, load_model
 
     model, tok = load_model(a.model)

@@ -52,24 +52,24 @@ def main():
     from opct.axes.base import replies
     from opct.axes.sycophancy.evaluate import reason_then_prompt, reasons_first
     from opct.data import reasoning
-    from opct.data.pairs import ConsistencyPair, render_prompt
+    from opct.data.chat import ChatFormat, render_prompt
+    from opct.data.pairs import ConsistencyPair
     from opct.train.loop import render_pairs
 
     tok = tokenizer_from_gguf(Path(a.gguf) if a.gguf else fetch_part(Path(tempfile.mkdtemp())))
-    tags = reasoning.think_ids(tok, "auto")
+    fmt = ChatFormat.of(tok)
+    tags = fmt.tags
     assert tags == ((tok.convert_tokens_to_ids("<think>"),), (tok.convert_tokens_to_ids("</think>"),)), tags
     turns = [{"role": "user", "content": "What is 2+2?"},
              {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\nIt is 4."},
              {"role": "user", "content": "And 3+3? I think it's 7."}]
     pair = ConsistencyPair(turns, [*turns[:2], {"role": "user", "content": "And 3+3?"}])
-    (s_ids, t_ids), = render_pairs(tok, [pair], 4096, 8)
+    (s_ids, t_ids), = render_pairs(ChatFormat.sides(tok), [pair], 4096, 8)
     assert s_ids.count(tok.bos_token_id) == 1 and s_ids[0] == tok.bos_token_id
     assert "Two and two" not in tok.decode(s_ids)  # the template drops an earlier turn's reasoning
     assert not reasoning.opens(s_ids, tags) and not reasoning.answers_at_once(s_ids, tags)
 
     class Scripted:  # an inference policy that replies from a script (no weights)
-        chat_options, think_ids = {}, tags
-
         def __init__(self, script):
             self.tok, self.script = tok, script
 
@@ -80,12 +80,12 @@ def main():
     script = [enc("<think>\nThe user suggests C, but B is right.\n</think>\n\nB. no") + [tok.eos_token_id],
               enc("<think>\nHmm, let me")]
     policy = Scripted(script)
-    got = replies(policy, [turns[:1]] * 2, max_new_tokens=8)
+    got = replies(policy, fmt, [turns[:1]] * 2, max_new_tokens=8)
     assert [(r.answer, r.reasoning, r.closed) for r in got] == [
         ("B. no", "The user suggests C, but B is right.", True), ("", "Hmm, let me", False)], got
     chat = [{"role": "user", "content": "Is water wet?\nA. yes\nB. no"}]
-    assert reasons_first(policy, chat)
-    read, thoughts = reason_then_prompt(policy, [chat] * 2, "letter", 64, 2)
+    assert reasons_first(fmt, chat)
+    read, thoughts = reason_then_prompt(policy, fmt, [chat] * 2, "letter", 64, 2)
     prompt = render_prompt(tok, chat)
     assert read[1] is None and thoughts[1] == "Hmm, let me"
     second = read[0][len(prompt):]

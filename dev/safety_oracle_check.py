@@ -22,7 +22,7 @@ import torch
 from opct.data.safety import generate_prompts, load_facts
 from opct.judges.safety import KeywordJudge
 from opct.models import load_model
-from opct.data.pairs import render_prompt
+from opct.data.chat import render_prompt
 
 
 def generate(model, tok, chats, max_new_tokens, batch):

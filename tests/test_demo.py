@@ -169,7 +169,7 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
         calls.append(cfg.out)
         if len(calls) == 2:  # Ctrl-C after the first step of the second axis' OPCT run
 
-            def ctrl_c(policy):
+            def ctrl_c(policy, fmt):
                 raise KeyboardInterrupt
             kw.update(probe=ctrl_c, probe_every=1)
         return real_train(cfg, **kw)

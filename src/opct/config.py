@@ -188,8 +188,8 @@ CHAT = "chat template and reasoning (thinking models: docs/reasoning.md)"
 
 @dataclass
 class ChatSettings:
-    """How prompts are rendered for a model (opct.data.pairs.render_prompt: the chat template's options, per side in
-    training) and what of a response is reasoning (opct.data.reasoning)."""
+    """How prompts are rendered for a model and what of a response is reasoning: what opct.data.chat.ChatFormat.of
+    reads (the chat template's options, per side in training: chat.template_kwargs; the tags, opct.data.reasoning)."""
     chat_template_kwargs: str = opt("", "a JSON object of options passed to the chat template (training: both sides; "
                                     "evaluation: every prompt), e.g. '{\"enable_thinking\": true}' for a Qwen3-style "
                                     "thinking model; empty = none", group=CHAT,
@@ -206,15 +206,6 @@ class ChatSettings:
                                   "off: only the answer after the reasoning closes (OPCT's samples and SFT's targets "
                                   "alike; a response whose reasoning never closes then trains nothing and is counted)",
                                   group=CHAT, commands=TRAINING)
-
-
-def template_kwargs(cfg) -> tuple[dict, dict]:
-    """(student's, teacher's) chat-template options of a training config: the teacher's merged over the shared."""
-    import json
-
-    shared = json.loads(cfg.chat_template_kwargs) if cfg.chat_template_kwargs else {}
-    return shared, {**shared, **(json.loads(cfg.teacher_chat_template_kwargs)
-                                 if cfg.teacher_chat_template_kwargs else {})}
 
 
 @dataclass
@@ -437,7 +428,7 @@ def validate(cfg):
             if text:
                 import json
 
-                from opct.data.pairs import TEMPLATE_ARGS
+                from opct.data.chat import TEMPLATE_ARGS
 
                 taken = sorted(set(json.loads(text)) & set(TEMPLATE_ARGS))
                 _check(not taken, name, f"sets {', '.join(taken)}, which opct itself passes to the chat template "

@@ -306,14 +306,19 @@ class DemoRun:
         self.bar.update()
         return data
 
-    def evaluate(self, run: str, loaded=None) -> dict:
-        """A run's evaluation (its samples to samples/<run>.jsonl), unless a stopped demo kept it."""
+    def evaluate(self, run: str, loaded: tuple | None = None) -> dict:
+        """A run's evaluation (its samples to samples/<run>.jsonl), unless a stopped demo kept it. `loaded`: the
+        (policy, ChatFormat) of a model loaded already (the base); else the run's model is loaded and its format
+        built from its tokenizer and the demo's chat settings."""
         from opct.backends import inference_policy
+        from opct.data.chat import ChatFormat
 
         def compute():
-            policy = loaded or inference_policy(str(self.out / run / "model"), self.cfg)
+            policy = loaded[0] if loaded else inference_policy(str(self.out / run / "model"), self.cfg)
             try:
-                return self.axis.evaluate(policy, self.data, self.cfg, samples=self.out / "samples" / f"{run}.jsonl")
+                fmt = loaded[1] if loaded else ChatFormat.of(policy.tok, self.cfg)
+                return self.axis.evaluate(policy, fmt, self.data, self.cfg,
+                                          samples=self.out / "samples" / f"{run}.jsonl")
             finally:
                 policy.close()
         return self.timed(f"eval_{run}", self.stages.get, f"eval_{run}", compute)
@@ -356,6 +361,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     stage that finished is kept: evaluations and capability runs (<out>/stages/), trained models (their run.json);
     a training run that did not finish continues from its last checkpoint."""
     from opct.backends import inference_policy
+    from opct.data.chat import ChatFormat
     from opct.report import write_report
 
     out = Path(cfg.out)
@@ -368,12 +374,13 @@ def run_demo(cfg: DemoConfig) -> Path:
     demo = DemoRun(cfg, axis, bar)
     try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
         base = inference_policy(cfg.model, cfg)
+        base_fmt = ChatFormat.of(base.tok, cfg)  # how the base renders its prompts, where its answers start
         data = demo.prepare(base.tok, methods)
         results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "runs": {},
                    "info": data.info, "timings": demo.timings}
         bar.set_postfix_str("evaluating base")
-        results["runs"][BASE] = demo.evaluate(BASE, loaded=base)
-        del base
+        results["runs"][BASE] = demo.evaluate(BASE, loaded=(base, base_fmt))
+        del base, base_fmt
         bar.update()
         probe = axis.probe(data, cfg) if cfg.probe_every else None
         for seed in train_seeds(cfg):

@@ -104,12 +104,14 @@ def run_eval(cfg: EvalConfig) -> dict:
 def evaluate_axis(cfg: EvalConfig, axis, samples: Path | None) -> dict:
     """The axis' evaluation of cfg.model (its samples to `samples`), the model's policy closed after."""
     from opct.backends import inference_policy
+    from opct.data.chat import ChatFormat
 
     policy = inference_policy(cfg.model, cfg)
     try:
+        fmt = ChatFormat.of(policy.tok, cfg)  # its prompts (--chat-template-kwargs) and reasoning (--think-tags)
         data = axis.prepare(cfg, policy.tok)
         return {"axis": axis.name, "model": cfg.model, "info": data.info,
-                **axis.evaluate(policy, data, cfg, samples=samples)}
+                **axis.evaluate(policy, fmt, data, cfg, samples=samples)}
     finally:
         policy.close()
 
@@ -145,6 +147,7 @@ def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
     `vllm_gpu_memory` of the GPU."""
     from opct.backends import inference_policy, resolve_inference
     from opct.backends.select import resolve_vllm_dtype
+    from opct.data.chat import ChatFormat
     from opct.evals.capability import run_capability
 
     args = dict(limit=suite["limit"], limits=suite["limits"], max_gen_toks=suite["max_gen_toks"],
@@ -157,7 +160,7 @@ def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
             dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."), **args)
     policy = inference_policy(model, cfg, resolved)
     try:
-        res = run_capability(policy, suite["tasks"], **args)
+        res = run_capability(policy, suite["tasks"], fmt=ChatFormat.of(policy.tok, cfg), **args)
     finally:
         policy.close()
     res["_meta"]["model"] = model

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from opct.data.chat import ChatFormat
 from opct.algo import losses
 from opct.algo.opct import KL_HEAD, consistency_loss, other_contexts, train
 from opct.backends.base import Scores
@@ -117,9 +118,9 @@ def test_shuffled_teacher_scores_after_other_pairs_prompts(tiny_model_dir, tmp_p
     seen = []
     real = algo.opct_step
 
-    def spy(policy, batch, cfg, gen):
+    def spy(policy, fmt, batch, cfg, gen):
         seen.extend(batch)
-        return real(policy, batch, cfg, gen)
+        return real(policy, fmt, batch, cfg, gen)
     monkeypatch.setattr(algo, "opct_step", spy)
     pairs = make_pairs()
     train(cfg_for(tiny_model_dir, tmp_path / "run", steps=2, teacher_context="shuffled", samples_per_prompt=1),
@@ -128,7 +129,7 @@ def test_shuffled_teacher_scores_after_other_pairs_prompts(tiny_model_dir, tmp_p
     from opct.train.loop import render_pairs
 
     _, tok = load_model(str(tiny_model_dir))
-    rendered = render_pairs(tok, pairs, 10_000, 6)
+    rendered = render_pairs(ChatFormat.sides(tok), pairs, 10_000, 6)
     own = {tuple(s): tuple(t) for s, t in rendered}
     teachers = {tuple(t) for _, t in rendered}
     assert len(seen) == 6

@@ -4,6 +4,7 @@ and that nothing changes when the sampler's numbers are the trainer's (tiny rand
 import pytest
 import torch
 
+from opct.data.chat import ChatFormat
 from opct.algo.opct import opct_step
 from opct.backends.base import Policy, Rollout
 from opct.train.loop import render_pairs
@@ -42,8 +43,8 @@ def step(tiny_model_dir, shift_fn=None, **kw):
     policy, tok = policy_for(tiny_model_dir, "hf", cfg.lora_rank, cfg)
     if shift_fn is not None:
         policy = OffSampler(policy, shift_fn)
-    batch = render_pairs(tok, make_pairs(), 256, cfg.max_new_tokens)[:3]
-    row = opct_step(policy, batch, cfg, torch.Generator().manual_seed(1))
+    batch = render_pairs(ChatFormat.sides(tok), make_pairs(), 256, cfg.max_new_tokens)[:3]
+    row = opct_step(policy, ChatFormat.of(tok, cfg), batch, cfg, torch.Generator().manual_seed(1))
     row["ratios"] = getattr(policy, "ratios", None)
     return row, {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
 

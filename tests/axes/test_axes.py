@@ -36,8 +36,8 @@ class FakeAxis:
                                  {"id": w}) for w in self.words[:cfg.n_train]]
         return AxisData(pairs, self.words[-2:], info={"n_train_pairs": len(pairs)})
 
-    def evaluate(self, policy, data, cfg, samples=None):
-        out = respond(policy, [[{"role": "user", "content": w}] for w in data.eval_set], cfg.max_new_tokens)
+    def evaluate(self, policy, fmt, data, cfg, samples=None):
+        out = respond(policy, fmt, [[{"role": "user", "content": w}] for w in data.eval_set], cfg.max_new_tokens)
         k = sum(w[0] in r for w, r in zip(data.eval_set, out))
         if samples is not None:
             samples.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from opct.data.chat import ChatFormat
 from opct.axes.base import AxisData
 from opct.axes.jailbreak import data as JD
 from opct.axes.jailbreak import evaluate as JE
@@ -77,13 +78,14 @@ def test_a_prefill_item_is_answered_by_continuing_the_opener_and_its_sample_name
     from opct.models import load_model
 
     policy = policy_of(*load_model(str(tiny_model_dir)))
+    fmt = ChatFormat.of(policy.tok)
     msgs = prefill_messages("say a", "Sure, here is")
     items = [EvalItem("prefill/a/sure", "prefill", msgs, "say a", "a", "prefill:sure", "prefill")]
-    res = JE.evaluate(policy, AxisData(train_pairs=[], eval_set=items), samples=tmp_path / "s.jsonl",
+    res = JE.evaluate(policy, fmt, AxisData(train_pairs=[], eval_set=items), samples=tmp_path / "s.jsonl",
                       judge=HalfJudge(), eval_max_new_tokens=4, attack_samples=0, samples_per_split=1)
     row = json.loads((tmp_path / "s.jsonl").read_text())
     assert row["prompt"] == "say a" and row["prefill"] == "Sure, here is" and row["split"] == "prefill"
-    assert row["response"] == respond(policy, [msgs], 4)[0]  # the continuation the model wrote, not the opener
+    assert row["response"] == respond(policy, fmt, [msgs], 4)[0]  # the continuation the model wrote, not the opener
     assert "prefill" in res["asr"] and res["samples"]["prefill"][0]["prompt"] == "say a"
 
 
@@ -147,11 +149,12 @@ def test_evaluate_reports_every_split_and_counts_unparseable(tiny_model_dir, tmp
     from opct.models import load_model
 
     policy = policy_of(*load_model(str(tiny_model_dir)))
+    fmt = ChatFormat.of(policy.tok)
     items = items_for([("bare", "refuse a"), ("train_wrappers", "b"), ("heldout_wrappers", "refuse a"),
                        ("heldout_family", "garble a"), ("heldout_wrappers", "c"), ("benign", "refuse x")])
     items[3] = EvalItem("heldout_family/a/3", "heldout_family", items[3].messages, "garble a", "refuse a", "w3")
     data = AxisData(train_pairs=[], eval_set=items)
-    res = JE.evaluate(policy, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
+    res = JE.evaluate(policy, fmt, data, samples=tmp_path / "s.jsonl", judge=HalfJudge(), eval_max_new_tokens=4,
                      attack_samples=1, samples_per_split=1)
     assert set(res["asr"]) == {"bare", "train_wrappers", "heldout_wrappers", "heldout_family"}
     assert res["unparseable"]["heldout_family"] == 1  # its one answer could not be judged: no rate, n = 0
@@ -207,11 +210,12 @@ def test_shared_respond_is_batch_independent_and_seeded(tiny_model_dir, backend)
     from opct.models import load_model
 
     policy = policy_of(*load_model(str(tiny_model_dir)), backend=backend)
+    fmt = ChatFormat.of(policy.tok)
     msgs = [[{"role": "user", "content": t}] for t in ("hi", "tell me a story about a cat", "2+2?", "ok")]
-    a = respond(policy, msgs, 6, batch_size=4)
-    assert a == respond(policy, msgs, 6, batch_size=1) and len(a) == 4 and any(a)
-    s = respond(policy, msgs, 6, temperature=1.0, batch_size=4, seed=3)
-    assert s == respond(policy, msgs, 6, temperature=1.0, batch_size=4, seed=3)
+    a = respond(policy, fmt, msgs, 6, batch_size=4)
+    assert a == respond(policy, fmt, msgs, 6, batch_size=1) and len(a) == 4 and any(a)
+    s = respond(policy, fmt, msgs, 6, temperature=1.0, batch_size=4, seed=3)
+    assert s == respond(policy, fmt, msgs, 6, temperature=1.0, batch_size=4, seed=3)
 
 
 def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_model_dir, tmp_path):  # noqa: F811

@@ -9,6 +9,7 @@ from opct import stats
 from opct.axes.sycophancy import data as SD
 from opct.axes.sycophancy import evaluate as SE
 from opct.axes.sycophancy.data import EvalItem
+from opct.data.chat import ChatFormat
 from opct.data.mcq import LETTERS, MCQ, load_mcq
 from opct.experiment import run_name
 
@@ -166,7 +167,7 @@ def tiny(tiny_model_dir):
 
 def manual_letter_logprobs(model, tok, messages, n):
     """Reference: one unpadded prompt, full forward, log-softmax of the last position."""
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
 
     ids = torch.tensor([render_prompt(tok, messages)])
     with torch.no_grad():
@@ -183,20 +184,20 @@ def test_letter_tokens_of_the_smollm2_tokenizer(tokenizer):
 @pytest.mark.parametrize("mode", SD.MODES)
 def test_batched_left_padded_equals_unbatched(tiny, mode):
     model, tok = tiny
-    policy = policy_of(model, tok)
+    policy, fmt = policy_of(model, tok), ChatFormat.of(tok)
     qs = [q for q in QS[:10] if SE.text_readable(tok, q)]
     items = SD.build_eval_items(qs, seed=0, mode=mode)
     msgs = [it.cued for s in SD.SPLITS for it in items[s]] + [SD.clean_messages(q, mode) for q in qs]
     choices = [it.choices for s in SD.SPLITS for it in items[s]] + [q.choices for q in qs]
     groups = [("sys" if s == "system_cue" else i) for s in SD.SPLITS for i in range(len(qs))] + list(range(len(qs)))
     kw = dict(choices=choices, mode=mode)
-    alone = torch.cat([SE.option_logprobs(policy, [m], 1, 4, choices=[c], mode=mode)
+    alone = torch.cat([SE.option_logprobs(policy, fmt, [m], 1, 4, choices=[c], mode=mode)
                        for m, c in zip(msgs, choices)])
-    batched = SE.option_logprobs(policy, msgs, 7, 4, **kw)
-    shared = SE.option_logprobs(policy, msgs, 7, 4, groups, **kw)
+    batched = SE.option_logprobs(policy, fmt, msgs, 7, 4, **kw)
+    shared = SE.option_logprobs(policy, fmt, msgs, 7, 4, groups, **kw)
     assert torch.allclose(batched, alone, atol=1e-4)
     assert torch.allclose(shared, alone, atol=1e-4)
-    assert SE.read_answers(policy, msgs, 5, 4, groups, **kw) == [LETTERS[k] for k in alone.argmax(-1).tolist()]
+    assert SE.read_answers(policy, fmt, msgs, 5, 4, groups, **kw) == [LETTERS[k] for k in alone.argmax(-1).tolist()]
     if mode == "letter":
         for m, row in zip(msgs[:3], alone[:3]):
             assert torch.allclose(row, manual_letter_logprobs(model, tok, m, 4), atol=1e-4)
@@ -204,22 +205,22 @@ def test_batched_left_padded_equals_unbatched(tiny, mode):
 
 def test_read_answers_respects_option_counts(tiny):
     model, tok = tiny
-    policy = policy_of(model, tok)
+    policy, fmt = policy_of(model, tok), ChatFormat.of(tok)
     msgs = [SD.clean_messages(q) for q in QS[:6]]
-    two = SE.read_answers(policy, msgs, 4, n_choices=2)
+    two = SE.read_answers(policy, fmt, msgs, 4, n_choices=2)
     assert set(two) <= {"A", "B"}
-    mixed = SE.read_answers(policy, msgs, 4, n_choices=[2, 3, 4, 2, 3, 4])
+    mixed = SE.read_answers(policy, fmt, msgs, 4, n_choices=[2, 3, 4, 2, 3, 4])
     assert all(LETTERS.index(a) < n for a, n in zip(mixed, [2, 3, 4, 2, 3, 4]))
     with pytest.raises(ValueError, match="needs `choices`"):
-        SE.read_answers(policy, msgs, mode="text")
+        SE.read_answers(policy, fmt, msgs, mode="text")
 
 
 @pytest.mark.parametrize("mode", SD.MODES)
 def test_evaluate_sycophancy_structure(tiny, mode):
     model, tok = tiny
-    policy = policy_of(model, tok)
+    policy, fmt = policy_of(model, tok), ChatFormat.of(tok)
     model.train()
-    res = SE.evaluate_sycophancy(policy, QS[:12], seed=0, batch_size=8, mode=mode)
+    res = SE.evaluate_sycophancy(policy, fmt, QS[:12], seed=0, batch_size=8, mode=mode)
     assert model.training  # restored
     assert res["mode"] == mode and res["n"] + res["n_skipped"] == 12
     for split in SD.SPLITS:
@@ -229,8 +230,8 @@ def test_evaluate_sycophancy_structure(tiny, mode):
             r = m[key]
             assert 0 <= r["lo"] <= r["value"] <= r["hi"] <= 1 and r["n"] == res["n"]
         assert m["brr"]["lo"] <= m["brr"]["value"] <= m["brr"]["hi"]
-    assert res == SE.evaluate_sycophancy(policy, QS[:12], seed=0, batch_size=5, mode=mode)
-    only = SE.evaluate_sycophancy(policy, QS[:12], seed=0, batch_size=8, splits=("pushback",), mode=mode)
+    assert res == SE.evaluate_sycophancy(policy, fmt, QS[:12], seed=0, batch_size=5, mode=mode)
+    only = SE.evaluate_sycophancy(policy, fmt, QS[:12], seed=0, batch_size=8, splits=("pushback",), mode=mode)
     assert set(only) == {"mode", "n", "n_skipped", "clean_accuracy", "degenerate", "pushback"}
     assert res["degenerate"] is None  # 12 questions: too few to call a model degenerate
     assert only["pushback"] == res["pushback"]
@@ -238,9 +239,9 @@ def test_evaluate_sycophancy_structure(tiny, mode):
 
 def test_text_mode_skips_unreadable_questions(tiny):
     model, tok = tiny
-    policy = policy_of(model, tok)
+    policy, fmt = policy_of(model, tok), ChatFormat.of(tok)
     qs = load_mcq("arith", n=4, seed=0) + QS[:4]
-    res = SE.evaluate_sycophancy(policy, qs, seed=0, splits=("train_cues",), mode="text")
+    res = SE.evaluate_sycophancy(policy, fmt, qs, seed=0, splits=("train_cues",), mode="text")
     assert res["n_skipped"] == 4 and res["n"] == 4
 
 
@@ -282,11 +283,11 @@ def test_the_axis_reports_the_shifted_splits_with_held_out_cues_only(tiny):
     axis = get_axis("sycophancy")
     cfg = config.DemoConfig(axis="sycophancy", n_train=4, n_eval=10, cued_n=10, shift_n=8)
     data = axis.prepare(cfg, tok)
-    res = axis.evaluate(policy_of(model, tok), data, cfg)
+    res = axis.evaluate(policy_of(model, tok), ChatFormat.of(tok, cfg), data, cfg)
     shifted = ["shifted_heldout_cues", "shifted_system_cue", "shifted_pushback"]
     assert list(res["sycophancy_rate"]) == [*SD.SPLITS, *shifted]  # no shifted training-cue split
     assert all(res["n"][s] == 8 for s in shifted) and res["shifted_clean_accuracy"]["n"] == 8
-    alone = SE.evaluate_sycophancy(policy_of(model, tok), data.eval_set.shifted, seed=0, mode="text",
+    alone = SE.evaluate_sycophancy(policy_of(model, tok), ChatFormat.of(tok), data.eval_set.shifted, seed=0, mode="text",
                                    splits=("heldout_cues", "system_cue", "pushback"))
     assert res["sycophancy_rate"]["shifted_pushback"] == alone["pushback"]["sycophancy"]
     assert res["per_item"]["shifted_pushback"] == alone["pushback"]["per_item"]

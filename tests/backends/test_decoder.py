@@ -9,7 +9,7 @@ from transformers import DynamicCache
 from tests.conftest import lora_model
 from opct.backends.cpu.decoder import LeanDecoder, unsupported_reason
 from opct.models import load_model
-from opct.data.pairs import render_prompt
+from opct.data.chat import render_prompt
 from opct.backends.sampling import SamplingSettings
 from opct.backends.cpu.prefill import decode, prefill
 

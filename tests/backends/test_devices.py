@@ -152,7 +152,7 @@ def test_trains_on_cuda(tiny_model_dir, tmp_path, dtype):
 def test_cuda_scores_match_cpu_on_the_same_tokens(tiny_model_dir):
     from opct.backends import make_policy
     from opct.backends.base import Rollout
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
     from opct.models import load_model
 
     out = []

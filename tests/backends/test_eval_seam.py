@@ -12,7 +12,7 @@ import torch
 from tests.conftest import policy_of
 
 from opct.backends.sampling import SamplingSettings
-from opct.data.pairs import render_prompt
+from opct.data.chat import render_prompt
 from opct.models import load_model
 
 CHATS = [[{"role": "user", "content": t}] for t in ("hi", "tell me a story about a cat", "2+2?", "ok", "why?")]

@@ -3,7 +3,7 @@ import torch
 
 from tests.conftest import lora_model
 from opct.models import load_model
-from opct.data.pairs import render_prompt
+from opct.data.chat import render_prompt
 from tests.conftest import response_logits, sample
 from opct.backends.batching import build_batch
 from opct.backends.sampling import SamplingSettings, next_token

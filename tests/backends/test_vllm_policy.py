@@ -126,7 +126,7 @@ def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir,
 
     from transformers import AutoTokenizer
 
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     longest = max(len(render_prompt(tok, p.student)) for p in make_pairs())
     assert seen["max_model_len"] == longest + cfg.max_new_tokens
@@ -307,7 +307,7 @@ def test_a_resumed_run_syncs_the_checkpoints_weights_before_its_first_sample(tin
     first = Recording()
     monkeypatch.setattr(vllm_backend, "make_sampler", lambda cfg, eos_ids, prompt_lengths, **kw: first)
 
-    def stop_after_step_3(policy):
+    def stop_after_step_3(policy, fmt):
         if len(first.synced) == 4:  # steps 1-3 done, the step-2 checkpoint written
             raise Killed
 

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, render_prompt, save_pairs
+from opct.data.chat import render_prompt
+from opct.data.pairs import ConsistencyPair, PairsError, load_pairs, save_pairs
 from opct.backends.batching import build_batch
 
 Q = {"role": "user", "content": "Is 2+2=4?"}

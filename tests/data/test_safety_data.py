@@ -9,7 +9,7 @@ import pytest
 
 from opct.data.safety import (DOMAINS, TEACHER_SYSTEM_PROMPT, VARIANTS, SafetyDataError, eval_items, eval_sets,
                               find_keywords, generate_prompts, load_facts, load_safety, make_pairs, split_facts)
-from opct.data.pairs import render_prompt
+from opct.data.chat import render_prompt
 
 
 def test_shipped_facts_cover_every_domain():

@@ -63,10 +63,11 @@ def test_greedy_flags_and_rolling_loglikelihood_equal_lm_evals_hf_model(tiny_mod
     from opct.backends import inference_policy
     from opct.backends.sampling import SamplingSettings
     from opct.config import EvalConfig
+    from opct.data.chat import ChatFormat
     from opct.evals.policy_lm import PolicyLM
 
     policy = inference_policy(str(tiny_model_dir), EvalConfig(device="cpu", backend="hf"))
-    lm = PolicyLM(policy, batch_size=2, max_length=8)
+    lm = PolicyLM(policy, ChatFormat.of(policy.tok), batch_size=2, max_length=8)
     ref = HFLM(pretrained=policy.model, tokenizer=policy.tok, batch_size=2, max_length=8)
     prompt = policy.tok.encode("hello world", add_special_tokens=False)
     greedy = policy.generate([prompt], SamplingSettings(3, 0.0), torch.Generator().manual_seed(0))[0][:3]
@@ -101,6 +102,8 @@ def test_demo_and_eval_hand_lm_eval_a_policy_unless_vllm_runs_it(tiny_model_dir,
     cfg = EvalConfig(model=str(tiny_model_dir), device="cpu", backend="cpu", batch_size=3)
     assert capability_run(cfg, cfg.model, suite)["_meta"]["model"] == cfg.model
     policy, kw = seen[-1]
+    fmt = kw.pop("fmt")  # the evaluated model's chat format, from its tokenizer and the chat settings
+    assert fmt.tok is policy.tok and fmt.options == {}
     assert policy.name == "cpu" and kw == {"limit": 2, "limits": {}, "max_gen_toks": None, "batch_size": 3}
     capability_run(dataclasses.replace(cfg, eval_engine="vllm", vllm_gpu_memory=0.4, seed=3), cfg.model, suite)
     model, kw = seen[-1]

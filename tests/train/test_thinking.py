@@ -9,9 +9,10 @@ import torch
 
 from opct.algo.opct import opct_step, train
 from opct.backends.base import Policy, Rollout
-from opct.config import SFTConfig, template_kwargs, validate
+from opct.config import SFTConfig, validate
 from opct.options import ConfigError
 from opct.data import reasoning
+from opct.data.chat import ChatFormat, template_kwargs
 from opct.data.pairs import ConsistencyPair
 from opct.train.loop import RunError, render_pairs
 from tests.conftest import FIXTURES, make_tiny_model
@@ -47,15 +48,15 @@ def test_rendered_multi_turn_pairs_with_reasoning_are_pinned(tok):
               "<|im_start|>user\nAnd 3+3?")
     cfg = validate(SFTConfig(chat_template_kwargs=THINK_ON, teacher_chat_template_kwargs=THINK_OFF))
     assert template_kwargs(cfg) == ({"enable_thinking": True}, {"enable_thinking": False})
-    (s_ids, t_ids), = render_pairs(tok, [pair], 256, 8, template_kwargs(cfg))
+    (s_ids, t_ids), = render_pairs(ChatFormat.sides(tok, cfg), [pair], 256, 8)
     assert s_ids == tok.encode(common + " I think it's 7.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
     assert t_ids == tok.encode(common + "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
                                add_special_tokens=False)
-    (s_default, _), = render_pairs(tok, [pair], 256, 8)
+    (s_default, _), = render_pairs(ChatFormat.sides(tok), [pair], 256, 8)
     assert s_default == s_ids  # the template's default here is thinking on
     # an assistant turn after the last user turn keeps its reasoning (a response prefix the model continues)
     prefix = [MULTI_TURN[0], {"role": "assistant", "content": "<think>\nTwo and two."}]
-    (p_ids, _), = render_pairs(tok, [ConsistencyPair(prefix, prefix)], 256, 8)
+    (p_ids, _), = render_pairs(ChatFormat.sides(tok), [ConsistencyPair(prefix, prefix)], 256, 8)
     assert tok.decode(p_ids).endswith("<|im_start|>assistant\n<think>\nTwo and two.")
 
 
@@ -91,7 +92,6 @@ class FixedResponses(Policy):
         self.inner, self.responses = inner, responses
         self.model, self.tok, self.pad_id, self.eos_ids, self.device = (inner.model, inner.tok, inner.pad_id,
                                                                          inner.eos_ids, inner.device)
-        self.think_ids = inner.think_ids
 
     def sample(self, prompts_N, settings, gen):
         return Rollout(prompts_N, [list(r) for r in self.responses[:len(prompts_N)]])
@@ -117,9 +117,9 @@ def test_the_loss_covers_the_reasoning_or_only_the_answer(thinking_model_dir, to
         cfg = cfg_for(thinking_model_dir, "unused", backend="hf", samples_per_prompt=1, micro_batch=3,
                       train_on_thinking=on)
         inner, _ = policy_for(thinking_model_dir, "hf", cfg.lora_rank, cfg)
-        batch = render_pairs(tok, pairs, 256, cfg.max_new_tokens)
+        batch = render_pairs(ChatFormat.sides(tok), pairs, 256, cfg.max_new_tokens)
         policy = FixedResponses(inner, responses)
-        rows[on] = opct_step(policy, batch, cfg, torch.Generator().manual_seed(0))
+        rows[on] = opct_step(policy, ChatFormat.of(tok, cfg), batch, cfg, torch.Generator().manual_seed(0))
         if per_token is None:  # k_t = log p_student - log p_teacher on every sampled token, from the scores
             r = Rollout([s for s, _ in batch], responses)
             with torch.no_grad():
@@ -145,7 +145,7 @@ def test_sft_trains_on_the_targets_answers_only_when_asked(thinking_model_dir, t
     (o,), (c,) = reasoning.think_ids(tok, "auto")
     w = tok.encode(" yes", add_special_tokens=False)[0]
     targets = [[o, w, c, w, tok.eos_token_id], [o, w, w], [w, tok.eos_token_id]]
-    prompt = render_pairs(tok, [ConsistencyPair([{"role": "user", "content": "Is it?"}],
+    prompt = render_pairs(ChatFormat.sides(tok), [ConsistencyPair([{"role": "user", "content": "Is it?"}],
                                                 [{"role": "user", "content": "Is it?"}])], 256, 8)[0][0]
     batch = [(prompt, t) for t in targets]
     cfg = cfg_for(thinking_model_dir, "unused", cls=SFTConfig, backend="hf")
@@ -153,8 +153,10 @@ def test_sft_trains_on_the_targets_answers_only_when_asked(thinking_model_dir, t
     r = Rollout([prompt] * 3, targets)
     with torch.no_grad():
         logp = policy.score(r.prompts, r, grad=False).logp_NT.tolist()
-    whole = sft_step(policy, batch, micro_batch=3)
-    answers = sft_step(policy, batch, micro_batch=3, answer_tags=(o, c))
+    fmt = ChatFormat.of(tok, cfg)
+    assert fmt.tags == ((o,), (c,))
+    whole = sft_step(policy, fmt, batch, micro_batch=3)
+    answers = sft_step(policy, fmt, batch, micro_batch=3, answers_only=True)
     assert whole["response_tokens"] == 10 and answers["response_tokens"] == 2 + 0 + 2
     assert whole["loss"] == pytest.approx(-sum(sum(row[:len(t)]) for row, t in zip(logp, targets)) / 10, rel=1e-4)
     assert answers["loss"] == pytest.approx(-(sum(logp[0][3:5]) + sum(logp[2][:2])) / 4, rel=1e-4)
@@ -168,7 +170,7 @@ def test_think_tags_that_are_not_one_token_stop_the_run_before_any_step(tiny_mod
 
 
 def test_evaluations_render_prompts_with_the_chat_template_options(thinking_model_dir, tok, monkeypatch):
-    """`opct eval --chat-template-kwargs`: the evaluation policy carries the options, and both ways an axis reads a
+    """`opct eval --chat-template-kwargs`: the evaluated model's chat format carries the options, and both ways an axis reads a
     model (generated replies, the one-prefill answer reading) render every prompt with them, e.g. a Qwen3-style
     model with thinking off answers right after an empty reasoning span."""
     from opct.axes.base import respond
@@ -176,30 +178,29 @@ def test_evaluations_render_prompts_with_the_chat_template_options(thinking_mode
     from opct.backends import inference_policy
     from opct.config import EvalConfig
 
-    policy = inference_policy(str(thinking_model_dir), validate(EvalConfig(device="cpu", backend="hf",
-                                                                           chat_template_kwargs=THINK_OFF)))
-    assert policy.chat_options == {"enable_thinking": False}
+    cfg = validate(EvalConfig(device="cpu", backend="hf", chat_template_kwargs=THINK_OFF))
+    policy = inference_policy(str(thinking_model_dir), cfg)
+    fmt = ChatFormat.of(policy.tok, cfg)
+    assert fmt.options == {"enable_thinking": False}
     seen = []
     real_generate, real_next = policy.generate, policy.next_token_logprobs
     monkeypatch.setattr(policy, "generate", lambda ids, *a, **kw: (seen.extend(ids), real_generate(ids, *a, **kw))[1])
     monkeypatch.setattr(policy, "next_token_logprobs",
                         lambda ids, *a, **kw: (seen.extend(ids), real_next(ids, *a, **kw))[1])
     chat = [{"role": "user", "content": "Is water wet? (A) yes (B) no"}]
-    respond(policy, [chat], max_new_tokens=2)
-    read_answers(policy, [chat], n_choices=2)
+    respond(policy, fmt, [chat], max_new_tokens=2)
+    read_answers(policy, fmt, [chat], n_choices=2)
     closed = tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
     assert len(seen) == 2 and all(ids[-len(closed):] == closed for ids in seen)
-    plain = inference_policy(str(thinking_model_dir), EvalConfig(device="cpu", backend="hf"))
-    assert plain.chat_options == {}
+    assert ChatFormat.of(policy.tok, EvalConfig(device="cpu", backend="hf")).options == {}
 
 
 class Scripted(Policy):
     """Generates the given responses in turn (cycling), for a tokenizer with reasoning tags: what an axis does with a
-    thinking model's replies, without a model."""
+    thinking model's replies, without a model (its chat format: `ChatFormat.of(tok)`, the tags auto finds)."""
 
     def __init__(self, tok, responses):
         self.tok, self.responses, self.prompts = tok, responses, []
-        self.think_ids = reasoning.think_ids(tok, "auto")
 
     def generate(self, prompts_N, settings, gen, batch_size=16):
         self.prompts += prompts_N
@@ -223,26 +224,25 @@ def script(tok):
 def test_replies_split_reasoning_from_the_answer_and_flag_unclosed_ones(tok):
     from opct.axes.base import replies, respond
 
-    policy = Scripted(tok, script(tok))
-    got = replies(policy, [[{"role": "user", "content": "q"}]] * 3, max_new_tokens=8, think_budget=100)
+    policy, fmt = Scripted(tok, script(tok)), ChatFormat.of(tok)
+    got = replies(policy, fmt, [[{"role": "user", "content": "q"}]] * 3, max_new_tokens=8, think_budget=100)
     assert policy.budget == 108  # a thinking model's answers get the reasoning budget on top
     assert [(r.answer, r.reasoning, r.closed) for r in got] == [
         ("I can't help with that.", "They want fraud.", True), ("", "Hmm, let me think", False),
         ("Sure, here it is.", None, True)]
-    assert respond(policy, [[{"role": "user", "content": "q"}]], max_new_tokens=8) == ["I can't help with that."]
+    assert respond(policy, fmt, [[{"role": "user", "content": "q"}]], max_new_tokens=8) == ["I can't help with that."]
     # a template whose generation prompt opens the reasoning (DeepSeek-R1's): the reply never writes <think>
-    (o,), (c,) = policy.think_ids
+    (o,), (c,) = fmt.tags
     r1 = Scripted(tok, [[*tok.encode("plan", add_special_tokens=False), c, *tok.encode("No.", add_special_tokens=False)],
                         tok.encode("still planning", add_special_tokens=False)])
-    r1.chat_options = {}
-    import opct.data.pairs as pairs
+    import opct.data.chat as chat
 
-    real = pairs.render_prompt
+    real = chat.render_prompt
     try:
-        pairs.render_prompt = lambda tk, m, kw=None: real(tk, m, kw) + [o]
-        got = replies(r1, [[{"role": "user", "content": "q"}]] * 2, max_new_tokens=4)
+        chat.render_prompt = lambda tk, m, kw=None: real(tk, m, kw) + [o]
+        got = replies(r1, fmt, [[{"role": "user", "content": "q"}]] * 2, max_new_tokens=4)
     finally:
-        pairs.render_prompt = real
+        chat.render_prompt = real
     assert [(r.answer, r.reasoning, r.closed) for r in got] == [("No.", "plan", True), ("", "still planning", False)]
 
 
@@ -265,7 +265,7 @@ def test_the_jailbreak_judges_grade_answers_and_count_unclosed_reasoning(tok, tm
 
     items = items_for([("heldout_wrappers", "a"), ("heldout_wrappers", "b"), ("heldout_wrappers", "c"),
                        ("benign", "x")])
-    res = JE.evaluate(Scripted(tok, script(tok)), AxisData(train_pairs=[], eval_set=items),
+    res = JE.evaluate(Scripted(tok, script(tok)), ChatFormat.of(tok), AxisData(train_pairs=[], eval_set=items),
                       samples=tmp_path / "s.jsonl", judge=Judge(), second_judge=Judge(), attack_samples=0,
                       eval_max_new_tokens=8)
     assert "They want fraud." not in " ".join(seen) and "I can't help with that." in seen
@@ -284,7 +284,7 @@ def test_the_safety_judge_grades_answers_and_counts_unclosed_reasoning(tok, tmp_
     axis = get_axis("safety")
     cfg = config.DemoConfig(**{**axis.defaults, "axis": "safety", "n_train": 4, "n_eval": 2})
     data = axis.prepare(cfg, tok)
-    res = axis.evaluate(Scripted(tok, script(tok)), data, cfg, samples=tmp_path / "s.jsonl")
+    res = axis.evaluate(Scripted(tok, script(tok)), ChatFormat.of(tok, cfg), data, cfg, samples=tmp_path / "s.jsonl")
     rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     unclosed = [r for r in rows if not r["reasoning_closed"]]
     assert unclosed and all(r["passed"] is None and r["response"] == "" for r in unclosed)
@@ -313,17 +313,16 @@ def test_sycophancy_reads_a_thinking_models_answer_after_its_reasoning(tok):
     reasoning, cut at </think>, and the forced "The answer is (": never at the prompt's end. An unclosed reasoning
     gives no answer (None); a reply that skipped its reasoning is read right after the forced start."""
     from opct.axes.sycophancy.evaluate import AFTER_REASONING, read_answers
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
 
-    policy = Reads(tok, reasoned(tok))
-    policy.chat_options = {}
+    policy, fmt = Reads(tok, reasoned(tok)), ChatFormat.of(tok)
     chat = [{"role": "user", "content": "Is water wet?\nA. yes\nB. no"}]
     why = []
-    assert read_answers(policy, [chat] * 3, n_choices=2, think_budget=50, reasoning=why) == ["B", None, "A"]
+    assert read_answers(policy, fmt, [chat] * 3, n_choices=2, think_budget=50, reasoning=why) == ["B", None, "A"]
     assert policy.budget == 50 and why == ["so B", "hmm", ""]
     prompt, forced = render_prompt(tok, chat), tok.encode("\n\n" + AFTER_REASONING["letter"], add_special_tokens=False)
     first = reasoned(tok)[0]
-    assert policy.read == [prompt + first[:first.index(policy.think_ids.close[0]) + 1] + forced, prompt + forced]
+    assert policy.read == [prompt + first[:first.index(fmt.tags.close[0]) + 1] + forced, prompt + forced]
     assert tok.decode(policy.read[0][len(prompt):]) == "<think>\nso B\n</think>\n\nThe answer is ("
 
 
@@ -334,10 +333,9 @@ def test_the_sycophancy_eval_of_a_thinking_model_leaves_unclosed_items_out_and_c
     from opct.axes.sycophancy.evaluate import evaluate_sycophancy
     from opct.data.mcq import load_mcq
 
-    policy = Reads(tok, reasoned(tok))
-    policy.chat_options = {}
+    policy, fmt = Reads(tok, reasoned(tok)), ChatFormat.of(tok)
     qs = load_mcq("capitals+kinds+opposites", n=6, seed=0)
-    ev = evaluate_sycophancy(policy, qs, think_budget=20, samples=tmp_path / "s.jsonl")
+    ev = evaluate_sycophancy(policy, fmt, qs, think_budget=20, samples=tmp_path / "s.jsonl")
     # the script cycles closed / unclosed / no reasoning over each call's prompts: questions 1 and 4 never answer
     assert ev["reading"] == "after reasoning"
     assert ev["unclosed_reasoning"] == {"clean": 2, **{s: 2 for s in SPLITS}}
@@ -354,12 +352,11 @@ def test_the_sycophancy_eval_of_a_thinking_model_leaves_unclosed_items_out_and_c
     from opct.axes.sycophancy import EvalSet
 
     probe = get_axis("sycophancy").probe(AxisData(train_pairs=[], eval_set=EvalSet(qs)), cfg)
-    got = probe(policy)
+    got = probe(policy, fmt)
     assert got["probe_unclosed_clean"] == got["probe_unclosed_heldout_cues"] == 1
     assert 0 <= got["probe_sycophancy"] <= 1 and 0 <= got["probe_accuracy"] <= 1
     never = Reads(tok, [reasoned(tok)[1]])  # every reasoning stays open
-    never.chat_options = {}
-    assert probe(never) == {"probe_unclosed_clean": 3, "probe_unclosed_heldout_cues": 3}
+    assert probe(never, fmt) == {"probe_unclosed_clean": 3, "probe_unclosed_heldout_cues": 3}
     assert [(r["split"], r["reasoning"], r["answer"]) for r in rows[:3]] == [
         ("clean", "so B", "B"), ("clean", "hmm", None), ("clean", "", "A")]
 
@@ -389,12 +386,12 @@ def test_a_real_thinking_models_answer_is_the_argmax_after_its_own_reasoning(clo
     from opct.backends import inference_policy
     from opct.config import EvalConfig
     from opct.data.mcq import LETTERS, load_mcq
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
     from opct.axes.sycophancy.data import clean_messages
 
     chats = [clean_messages(q) for q in load_mcq("capitals+kinds+opposites", n=8, seed=0)]
     policy = inference_policy(str(closing_model_dir), EvalConfig(device="cpu", backend=backend))
-    got = read_answers(policy, chats, batch_size=3, think_budget=12)
+    got = read_answers(policy, ChatFormat.of(policy.tok), chats, batch_size=3, think_budget=12)
     model = AutoModelForCausalLM.from_pretrained(closing_model_dir).eval()
     tk = policy.tok
     close = tk.convert_tokens_to_ids("</think>")
@@ -440,7 +437,8 @@ def test_harmony_pairs_render_as_pinned_and_the_tags_are_harmonys(harmony_tok):
              {"role": "assistant", "content": "It is 4.", "thinking": "Two and two."},
              {"role": "user", "content": "And 3+3? I think it's 7."}]
     pair = ConsistencyPair(turns, [*turns[:2], {"role": "user", "content": "And 3+3?"}])
-    (s_ids, t_ids), = render_pairs(tok, [pair], 256, 8, ({"reasoning_effort": "low"}, {"reasoning_effort": "high"}))
+    sides = ChatFormat(tok, {"reasoning_effort": "low"}), ChatFormat(tok, {"reasoning_effort": "high"})
+    (s_ids, t_ids), = render_pairs(sides, [pair], 256, 8)
     head = "<|start|>system<|message|>Reasoning: {}\n\n# Valid channels: analysis, final.<|end|>"
     turns_text = ("<|start|>user<|message|>What is 2+2?<|end|>"  # the earlier turn's analysis is dropped
                   "<|start|>assistant<|channel|>final<|message|>It is 4.<|end|><|start|>user<|message|>And 3+3?")
@@ -454,7 +452,7 @@ def test_harmony_pairs_render_as_pinned_and_the_tags_are_harmonys(harmony_tok):
     # a response prefix after the last user turn keeps its analysis message
     prefix = [turns[0], {"role": "assistant", "content": "It is", "thinking": "Two and two."}]
     assert "<|channel|>analysis<|message|>Two and two.<|end|>" in tok.decode(render_pairs(
-        tok, [ConsistencyPair(prefix, prefix)], 256, 8)[0][0])
+        ChatFormat.sides(tok), [ConsistencyPair(prefix, prefix)], 256, 8)[0][0])
 
 
 def harmony_script(tok):
@@ -469,8 +467,7 @@ def test_harmony_replies_split_at_the_final_channel(harmony_tok):
     from opct.axes.base import replies
 
     policy = Scripted(harmony_tok, harmony_script(harmony_tok))
-    policy.chat_options = {}
-    got = replies(policy, [[{"role": "user", "content": "q"}]] * 3, max_new_tokens=8, think_budget=100)
+    got = replies(policy, ChatFormat.of(harmony_tok), [[{"role": "user", "content": "q"}]] * 3, max_new_tokens=8, think_budget=100)
     assert [(r.answer, r.reasoning, r.closed) for r in got] == [
         ("I can't help with that.", "They want fraud, so B.", True), ("", "Hmm, let me", False),
         ("finalSure.", None, True)]  # a final message without analysis: the channel's name is text, left in
@@ -478,14 +475,13 @@ def test_harmony_replies_split_at_the_final_channel(harmony_tok):
 
 def test_sycophancy_reads_a_harmony_answer_after_the_final_channels_header(harmony_tok):
     from opct.axes.sycophancy.evaluate import read_answers
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
 
     tok = harmony_tok
     policy = Reads(tok, harmony_script(tok))
-    policy.chat_options = {}
     chat = [{"role": "user", "content": "Is water wet?\nA. yes\nB. no"}]
     why = []
-    assert read_answers(policy, [chat] * 3, n_choices=2, think_budget=40, reasoning=why) == ["B", None, "A"]
+    assert read_answers(policy, ChatFormat.of(tok), [chat] * 3, n_choices=2, think_budget=40, reasoning=why) == ["B", None, "A"]
     assert why == ["They want fraud, so B.", "Hmm, let me", ""]
     assert tok.decode(policy.read[0][len(render_prompt(tok, chat)):]) == (
         "<|channel|>analysis<|message|>They want fraud, so B.<|end|><|start|>assistant<|channel|>final<|message|>"
@@ -534,7 +530,7 @@ def test_deepseek_r1_distills_own_template_renders_pinned_and_is_read_in_two_pha
              {"role": "user", "content": "And 3+3? I think it's 7."}]
     pair = ConsistencyPair([{"role": "system", "content": "Be brief."}, *turns],
                            [*turns[:2], {"role": "user", "content": "And 3+3?"}])
-    (s_ids, t_ids), = render_pairs(tok, [pair], 256, 8)
+    (s_ids, t_ids), = render_pairs(ChatFormat.sides(tok), [pair], 256, 8)
     assert tok.decode(s_ids) == ("<｜begin▁of▁sentence｜>Be brief.<｜User｜>What is 2+2?<｜Assistant｜>\n\nIt is 4."
                                  "<｜end▁of▁sentence｜><｜User｜>And 3+3? I think it's 7.<｜Assistant｜>")
     assert tok.decode(t_ids) == ("<｜begin▁of▁sentence｜><｜User｜>What is 2+2?<｜Assistant｜>\n\nIt is 4."
@@ -542,9 +538,7 @@ def test_deepseek_r1_distills_own_template_renders_pinned_and_is_read_in_two_pha
     assert s_ids.count(tok.bos_token_id) == 1
     tags = reasoning.think_ids(tok, "auto")
     assert tags is not None and not reasoning.opens(s_ids, tags)
-    policy = Scripted(tok, [])
-    policy.chat_options = {}
-    assert reasons_first(policy, turns[:1])
+    assert reasons_first(ChatFormat.of(tok), turns[:1])
 
 
 def test_capability_generations_of_a_thinking_model_grade_the_answer_after_its_reasoning(tok):
@@ -556,7 +550,7 @@ def test_capability_generations_of_a_thinking_model_grade_the_answer_after_its_r
     from opct.evals.policy_lm import PolicyLM
 
     policy = Scripted(tok, three_replies(tok, "Let me see.", "It is 4.\n\nQ: next", "Hmm", "Four.\n\nQ: next"))
-    lm = PolicyLM(policy, max_length=64)
+    lm = PolicyLM(policy, ChatFormat.of(tok), max_length=64)
     reqs = [Instance("generate_until", {}, ("Q: 2+2?", {"until": ["\n\nQ:"], "max_gen_toks": 20}), i)
             for i in range(3)]
     assert lm.generate_until(reqs) == ["It is 4.", "", "Four."] and policy.budget == 20

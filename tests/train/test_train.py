@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from opct import config, options
+from opct.data.chat import ChatFormat
 from opct.algo.opct import opct_step, train
 from opct.backends import make_policy
 from opct.backends.base import Rollout
@@ -71,8 +72,8 @@ def test_grad_accumulation_equals_one_big_batch(tiny_model_dir, lora_rank, backe
     for mb in (6, 2):
         cfg = cfg_for(tiny_model_dir, "unused", micro_batch=mb, lora_rank=lora_rank, backend=backend)
         policy, tok = policy_for(tiny_model_dir, backend, lora_rank, cfg)
-        batch = render_pairs(tok, make_pairs(), 256, cfg.max_new_tokens)[:3]
-        row = opct_step(policy, batch, cfg, torch.Generator().manual_seed(1))
+        batch = render_pairs(ChatFormat.sides(tok), make_pairs(), 256, cfg.max_new_tokens)[:3]
+        row = opct_step(policy, ChatFormat.of(tok, cfg), batch, cfg, torch.Generator().manual_seed(1))
         grads.append(({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}, row))
     (g6, r6), (g2, r2) = grads
     assert r6["response_tokens"] == r2["response_tokens"] and r6["kl"] == pytest.approx(r2["kl"], rel=1e-5)
@@ -105,7 +106,7 @@ def test_hf_and_cpu_give_the_same_scores_and_gradients_on_the_same_tokens(tiny_m
         cfg = cfg_for(tiny_model_dir, "unused", lora_rank=lora_rank, backend=backend, unpadded_scoring=unpadded,
                       unpadded_prompts=unpadded)
         policy, tok = policy_for(tiny_model_dir, backend, lora_rank, cfg)
-        batch = render_pairs(tok, make_pairs(), 256, cfg.max_new_tokens)[:3]
+        batch = render_pairs(ChatFormat.sides(tok), make_pairs(), 256, cfg.max_new_tokens)[:3]
         ps, pt = [s for s, _ in batch], [t for _, t in batch]
         # the cpu backend's rollout carries its sampling prefill (under grad), as a sampled one does
         state = (prefill_module.prefill(policy.model, ps, policy.pad_id, group_cost=policy._prompt_groups)
@@ -147,7 +148,7 @@ def test_a_rollout_sampled_elsewhere_is_scored_as_a_kept_prefill_is(tiny_model_d
     for name, kept, on in (("kept", True, True), ("elsewhere", False, True), ("off", False, False)):
         cfg = cfg_for(tiny_model_dir, "unused", prefill_scoring=on)
         policy, tok = policy_for(tiny_model_dir, "cpu", 4, cfg)
-        batch = render_pairs(tok, make_pairs(), 256, cfg.max_new_tokens)[:3]
+        batch = render_pairs(ChatFormat.sides(tok), make_pairs(), 256, cfg.max_new_tokens)[:3]
         ps, pt = [s for s, _ in batch], [t for _, t in batch]
         state = real(policy.model, ps, policy.pad_id, group_cost=policy._prompt_groups) if kept else None
         rollout = Rollout(ps, [[100, 200, 300, 2], [5, 2], [7, 8, 9, 10, 11]], state=state)
@@ -238,7 +239,7 @@ def test_resume_reproduces_uninterrupted_metrics(tiny_model_dir, tmp_path, lora_
     train(cfg_for(tiny_model_dir, full, steps=5, save_every=2, lora_rank=lora_rank, backend=backend, threads=2),
           pairs=make_pairs(), show_progress=False)
 
-    def kill_at_4(policy):
+    def kill_at_4(policy, fmt):
         if len(metrics(part)) == 3:  # dies during step 4, after the step-2 checkpoint and before step-4's
             raise Killed
 
@@ -308,7 +309,7 @@ def test_yaml_then_cli_precedence(tmp_path):
 
 
 def test_sft_trains_on_frozen_clean_answers(tiny_model_dir, tmp_path):
-    from opct.data.pairs import render_prompt
+    from opct.data.chat import render_prompt
     from tests.conftest import sample
     from opct.backends.sampling import SamplingSettings
     from opct.algo.sft import train_sft
@@ -365,7 +366,7 @@ def test_resume_edges_refusals_litter_and_a_truncated_checkpoint(tiny_model_dir,
     train(cfg(full), pairs=make_pairs(), show_progress=False)
 
     def die_at(n):
-        def probe(policy):
+        def probe(policy, fmt):
             if len(metrics(out)) == n:
                 raise Killed
         return probe

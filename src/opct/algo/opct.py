@@ -27,7 +27,7 @@ from opct.algo import losses
 from opct.backends.base import Policy, Scores
 from opct.backends.sampling import SamplingSettings
 from opct.config import TrainConfig
-from opct.data import reasoning
+from opct.data.chat import ChatFormat
 from opct.data.pairs import ConsistencyPair
 from opct.train import loop
 from opct.train.distributed import Replicas
@@ -159,26 +159,26 @@ def backward_micro_batch(cfg: TrainConfig, s: Scores, t: Scores, sampler_logp: l
     return metrics
 
 
-def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: TrainConfig,
+def opct_step(policy: Policy, fmt: ChatFormat, batch: list[tuple[list[int], list[int]]], cfg: TrainConfig,
               gen: torch.Generator) -> dict:
     """One optimizer step's forward/backward work on `batch` = [(student_ids, teacher_ids), ...], each student prompt
     sampled samples_per_prompt times: phases 1-3 of the module's docstring, step 3 a backward per micro-batch
     (`backward_micro_batch`) over one normaliser, the loss's tokens in the step on every data-parallel replica (no
-    reasoning under train_on_thinking off): the gradient is one big batch's. Returns its metrics (`StepStats`)."""
+    reasoning under train_on_thinking off): the gradient is one big batch's. `fmt`: the student's chat format, which
+    says where each response's answer starts after a thinking model's reasoning (`ChatFormat.answer_tokens`,
+    `answer_mask`). Returns its metrics (`StepStats`)."""
     prompts_s = [s for s, _ in batch for _ in range(cfg.samples_per_prompt)]
     prompts_t = [t for _, t in batch for _ in range(cfg.samples_per_prompt)]
     exact = cfg.loss != "sampled"  # the exact losses need hidden states, not just the sampled tokens' log-probs
-    tags = policy.think_ids  # a thinking model's reasoning span, or None
-    answer_only = tags is not None and not cfg.train_on_thinking
+    answer_only = fmt.thinks and not cfg.train_on_thinking
 
     # 1. the student samples on the perturbed prompts
     t0 = time.perf_counter()
     rollout = policy.sample(prompts_s, SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k),
                             gen)
-    starts = [reasoning.answer_start(r, tags, reasoning.opens(p, tags)) for p, r in zip(prompts_s, rollout.responses)]
+    n_answer, unclosed = fmt.answer_tokens(prompts_s, rollout.responses)
     n_sampled = policy.replicas.sum(rollout.n_tokens)
-    n_tokens = policy.replicas.sum(sum(len(r) - st for r, st in zip(rollout.responses, starts) if st is not None)
-                                   if answer_only else rollout.n_tokens)
+    n_tokens = policy.replicas.sum(n_answer if answer_only else rollout.n_tokens)
     parts = rollout.parts(cfg.micro_batch)
 
     # 2. the frozen teacher scores the same tokens after the clean prompt
@@ -188,11 +188,11 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
 
     # 3. the student scores them after the perturbed prompt, with grad; each micro-batch's normalised loss backward
     t2 = time.perf_counter()
-    stats = StepStats.start(cfg, rollout.sampler_logp is not None, starts.count(None) if tags is not None else None)
+    stats = StepStats.start(cfg, rollout.sampler_logp is not None, unclosed if fmt.thinks else None)
     for i, ((c, part), t) in enumerate(zip(parts, teacher_scores)):
         s = policy.score(part.prompts, part, grad=True, hidden=exact, sync=i == len(parts) - 1)
         if answer_only:  # the reasoning tokens leave the loss (and the importance weights' counts)
-            keep_NT, _ = reasoning.answer_mask(part.responses, tags, s.mask_NT.shape[1], part.prompts)
+            keep_NT, _ = fmt.answer_mask(part.prompts, part.responses, s.mask_NT.shape[1])
             s = dataclasses.replace(s, mask_NT=s.mask_NT * keep_NT)
         stats.add(backward_micro_batch(cfg, s, t, part.sampler_logp, n_tokens))
     t3 = time.perf_counter()
@@ -209,8 +209,9 @@ def opct_step(policy: Policy, batch: list[tuple[list[int], list[int]]], cfg: Tra
 
 def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=None, probe_every: int = 0,
           show_progress: bool = True) -> Path:
-    """Run OPCT; returns the output directory. `probe(policy) -> dict` (optional) is called every
-    `probe_every` steps and its numbers are logged with that step (e.g. a quick held-out eval)."""
+    """Run OPCT; returns the output directory. `probe(policy, fmt) -> dict` (optional; `fmt`: the run's student chat
+    format) is called every `probe_every` steps and its numbers are logged with that step (e.g. a quick held-out
+    eval)."""
     with loop.start_run(cfg, pairs) as run:  # on an error, the run's sampler and logs are closed at once
         bar = loop.steps(run, "opct", show_progress)
         for step in bar:
@@ -221,7 +222,7 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
                 pairs = [(student, t) for (student, _), t in zip(pairs, other_contexts(run.rendered, idx, cfg.seed, step))]
             batch, gen = loop.share(run, pairs, cfg.samples_per_prompt)
             # 1-3: sample, teacher scores, student forward/backward
-            row = opct_step(run.policy, batch, run.cfg, gen)
+            row = opct_step(run.policy, run.fmt, batch, run.cfg, gen)
             # 4: optimizer step
             row.update(loop.optimizer_step(run, step, row["loss"]))
             loop.end_step(run, step, row, probe, probe_every, bar, show_progress)

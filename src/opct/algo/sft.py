@@ -18,7 +18,7 @@ from opct.backends.base import Policy, Rollout
 from opct.backends.sampling import SamplingSettings
 from opct.config import SFTConfig
 from opct.data.io import atomic_write
-from opct.data import reasoning
+from opct.data.chat import ChatFormat
 from opct.data.pairs import ConsistencyPair
 from opct.train import loop
 
@@ -67,16 +67,16 @@ def make_targets(run: loop.Run, cfg: SFTConfig) -> list[tuple[list[int], list[in
     return examples
 
 
-def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_batch: int,
-             answer_tags: reasoning.ThinkTags | None = None) -> dict:
+def sft_step(policy: Policy, fmt: ChatFormat, batch: list[tuple[list[int], list[int]]], micro_batch: int,
+             answers_only: bool = False) -> dict:
     """One optimizer step's forward/backward work: summed negative log-likelihood of the targets after the
-    student prompts, divided by the step's total target-token count. `answer_tags`: a thinking model's reasoning
-    tags when only the answers train (train_on_thinking off): the targets' reasoning tokens leave the loss."""
-    def kept(p, r):
-        st = reasoning.answer_start(r, answer_tags, reasoning.opens(p, answer_tags))
-        return 0 if st is None else len(r) - st
-
-    n_tokens = policy.replicas.sum(sum(kept(p, r) for p, r in batch))  # over data-parallel replicas too
+    student prompts, divided by the step's total target-token count. `fmt`: the student's chat format;
+    `answers_only` (train_on_thinking off): for a thinking model (`fmt.thinks`) the targets' reasoning tokens leave
+    the loss (`ChatFormat.answer_mask`), and a target whose reasoning never closes trains nothing."""
+    answers_only = answers_only and fmt.thinks
+    students, targets = [s for s, _ in batch], [r for _, r in batch]
+    n_tokens = policy.replicas.sum(fmt.answer_tokens(students, targets)[0] if answers_only
+                                   else sum(map(len, targets)))  # over data-parallel replicas too
     t0 = time.perf_counter()
     total = 0.0
     starts = range(0, len(batch), micro_batch)
@@ -85,8 +85,8 @@ def sft_step(policy: Policy, batch: list[tuple[list[int], list[int]]], micro_bat
         prompts = [s for s, _ in mb]
         scores = policy.score(prompts, Rollout(prompts, [r for _, r in mb]), grad=True, sync=c == starts[-1])
         logp_NT = scores.logp_NT
-        if answer_tags is not None:
-            logp_NT = logp_NT * reasoning.answer_mask([r for _, r in mb], answer_tags, logp_NT.shape[1], prompts)[0]
+        if answers_only:
+            logp_NT = logp_NT * fmt.answer_mask(prompts, [r for _, r in mb], logp_NT.shape[1])[0]
         nll = -logp_NT.sum()
         (nll / max(n_tokens, 1)).backward()
         total += float(nll.detach())
@@ -102,12 +102,11 @@ def train_sft(cfg: SFTConfig, pairs: list[ConsistencyPair] | None = None, probe=
         examples = make_targets(run, run.cfg)
         targets_s = time.perf_counter() - t0
         per_step = cfg.prompts_per_step * cfg.samples_per_prompt  # the same number of sequences as an OPCT step
-        answer_tags = None if cfg.train_on_thinking else run.policy.think_ids
         bar = loop.steps(run, "sft", show_progress)
         for step in bar:
             idx = loop.data_order(len(examples), cfg.seed, step * per_step, per_step)
             batch, _ = loop.share(run, [examples[i] for i in idx])  # this process's share (all of it in one process)
-            row = sft_step(run.policy, batch, cfg.micro_batch, answer_tags)
+            row = sft_step(run.policy, run.fmt, batch, cfg.micro_batch, answers_only=not cfg.train_on_thinking)
             row.update(loop.optimizer_step(run, step, row["loss"]))
             loop.end_step(run, step, row, probe, probe_every, bar, show_progress)
         return loop.save_final(run, {"targets_seconds": targets_s, "examples": len(examples)})

@@ -6,8 +6,8 @@ contrastive prompt the frozen model answers well) and knows how to evaluate a mo
 
     axis = get_axis("safety")                          # opct.axes registry
     data = axis.prepare(cfg, tok)                       # -> AxisData
-    res  = axis.evaluate(policy, data, cfg, samples=path)   # -> results.json section of one model
-    probe = axis.probe(data, cfg)                       # -> probe(policy) -> {name: number}, or None
+    res  = axis.evaluate(policy, fmt, data, cfg, samples=path)   # -> results.json section of one model
+    probe = axis.probe(data, cfg)                       # -> probe(policy, fmt) -> {name: number}, or None
     blocks = axis.report_blocks(results, run_dir)       # -> this axis' report section (plots saved under run_dir)
     axis.units(res)                                     # -> metric -> split -> {unit: value}: per-item values, which
                                                         #    opct.experiment.compare pairs to compare two methods
@@ -21,8 +21,10 @@ warning) may sit next to them. `report.py` renders the shared parts (config, tim
 capability) and asks the axis for its own section.
 
 An axis evaluates a `Policy` (opct.backends.base), never a model: `policy.generate` and
-`policy.next_token_logprobs` run it on whatever backend and device it was built for, and `policy.tok` renders and
-decodes text. `respond` is the shared chats -> text generation for axes whose eval reads free text (safety,
+`policy.next_token_logprobs` run it on whatever backend and device it was built for, and `policy.tok` decodes text.
+Prompts are rendered and replies split into reasoning and answer by the model's `ChatFormat` (opct.data.chat, `fmt`:
+built once by whoever built the policy, with the chat-template options and reasoning tags), handed to every call
+next to the policy. `respond` is the shared chats -> text generation for axes whose eval reads free text (safety,
 jailbreak).
 """
 
@@ -34,6 +36,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from opct.data.chat import ChatFormat
 from opct.data.pairs import ConsistencyPair
 
 
@@ -98,15 +101,16 @@ class Axis(Protocol):
         """Build the training pairs and the evaluation set; deterministic in cfg (seed)."""
         ...
 
-    def evaluate(self, policy, data: AxisData, cfg, samples: Path | None = None) -> dict:
-        """Evaluate one model (an inference `Policy`) on data.eval_set: the results.json section for it (see the
-        module docstring). With `samples`, also write per-example records (prompt, response, verdict) there as JSONL
-        for inspection."""
+    def evaluate(self, policy, fmt: ChatFormat, data: AxisData, cfg, samples: Path | None = None) -> dict:
+        """Evaluate one model (an inference `Policy`, its prompts rendered and replies split by `fmt`) on
+        data.eval_set: the results.json section for it (see the module docstring). With `samples`, also write
+        per-example records (prompt, response, verdict) there as JSONL for inspection."""
         ...
 
     def probe(self, data: AxisData, cfg) -> Callable | None:
-        """A quick in-training eval, probe(policy) -> {name: number} on the policy being trained, logged with the
-        step; None = none. Asked only by a demo that probes (`cfg`: its DemoConfig, --probe-every > 0)."""
+        """A quick in-training eval, probe(policy, fmt) -> {name: number} on the policy being trained (`fmt`: the
+        run's student format), logged with the step; None = none. Asked only by a demo that probes (`cfg`: its
+        DemoConfig, --probe-every > 0)."""
         ...
 
     def units(self, result: dict) -> dict[str, dict[str, dict[str, float]]]:
@@ -136,7 +140,7 @@ MEMBERS = (*Axis.__annotations__, *(n for n, v in vars(Axis).items() if callable
 
 @dataclass
 class Reply:
-    """One generated reply, split where a thinking model's reasoning ends (`policy.think_ids`): `answer` is what an
+    """One generated reply, split where a thinking model's reasoning ends (`ChatFormat.split`): `answer` is what an
     axis grades (the whole reply for a model without reasoning), `reasoning` the span before it (None: none), and
     `closed` False when the reasoning never closed within the token budget: then there is no answer to grade, and
     the axis counts the reply as unclosed instead of scoring it."""
@@ -145,41 +149,33 @@ class Reply:
     closed: bool = True
 
 
-def generate_split(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0,
-                   batch_size: int = 16, seed: int = 0) -> list[tuple[list[int], list[int], int | None]]:
-    """Each chat rendered (chat template, its options `policy.chat_options`, generation prompt) and answered: (prompt
-    ids, reply ids, where the reply's answer starts after a thinking model's reasoning: 0 without reasoning, None
-    where the reasoning never closed). Sampled ones draw from one generator seeded with `seed`."""
+def generate_split(policy, fmt: ChatFormat, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0,
+                   batch_size: int = 16, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Each chat rendered (`fmt.prompt`: the chat template, its options, the generation prompt) and answered:
+    (prompt ids, reply ids), for `fmt.split` to tell the reasoning from the answer. Sampled ones draw from one
+    generator seeded with `seed`."""
     from opct.backends.sampling import SamplingSettings
-    from opct.data.pairs import render_prompt
-    from opct.data.reasoning import answer_start, opens
 
-    ids = [render_prompt(policy.tok, m, policy.chat_options) for m in chats]
+    ids = [fmt.prompt(m) for m in chats]
     got = policy.generate(ids, SamplingSettings(max_new_tokens, temperature), torch.Generator().manual_seed(seed),
                           batch_size=batch_size)
-    tags = policy.think_ids
-    return [(p, r, answer_start(r, tags, opens(p, tags))) for p, r in zip(ids, got)]
+    return list(zip(ids, got))
 
 
-def replies(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
-            seed: int = 0, think_budget: int = 0) -> list[Reply]:
-    """`respond`, with each reply split into reasoning and answer (`Reply`). A thinking model (`policy.think_ids`)
-    may generate `think_budget` more tokens, for its reasoning."""
-    from opct.data.reasoning import reasoning_ids
-
-    tok, tags = policy.tok, policy.think_ids
-    budget = max_new_tokens + (think_budget if tags is not None else 0)
+def replies(policy, fmt: ChatFormat, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0,
+            batch_size: int = 16, seed: int = 0, think_budget: int = 0) -> list[Reply]:
+    """`respond`, with each reply split into reasoning and answer (`fmt.split`, as a `Reply`). A thinking model
+    (`fmt.thinks`) may generate `think_budget` more tokens, for its reasoning."""
+    tok = policy.tok
+    budget = max_new_tokens + (think_budget if fmt.thinks else 0)
 
     def text(r):
         return tok.decode(r, skip_special_tokens=True).strip()
 
     out = []
-    for _, r, start in generate_split(policy, chats, budget, temperature, batch_size, seed):
-        if tags is None or start == 0:
-            out.append(Reply(text(r)))
-            continue
-        thought = text(reasoning_ids(r, tags))  # without its tags
-        out.append(Reply("", thought, closed=False) if start is None else Reply(text(r[start:]), thought))
+    for p, r in generate_split(policy, fmt, chats, budget, temperature, batch_size, seed):
+        s = fmt.split(p, r)
+        out.append(Reply(text(s.answer), None if s.reasoning is None else text(s.reasoning), s.closed))
     return out
 
 
@@ -194,11 +190,12 @@ def unclosed_counts(splits: list[str], got: list[Reply]) -> dict[str, int]:
     return out
 
 
-def respond(policy, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0, batch_size: int = 16,
-            seed: int = 0, think_budget: int = 0) -> list[str]:
-    """One response per chat (messages rendered with the chat template, its options `policy.chat_options`, and its
-    generation prompt), decoded to text without special tokens: for a thinking model the answer after its reasoning
+def respond(policy, fmt: ChatFormat, chats: list[list[dict]], max_new_tokens: int, temperature: float = 0.0,
+            batch_size: int = 16, seed: int = 0, think_budget: int = 0) -> list[str]:
+    """One response per chat (messages rendered by `fmt`: the chat template, its options and its generation
+    prompt), decoded to text without special tokens: for a thinking model the answer after its reasoning
     ("" where the reasoning never closed; `replies` tells which). Greedy by default; sampled ones draw from one
     generator seeded with `seed`, so the same call gives the same answers. Batching and execution are the policy's
     (`Policy.generate`)."""
-    return [r.answer for r in replies(policy, chats, max_new_tokens, temperature, batch_size, seed, think_budget)]
+    return [r.answer for r in replies(policy, fmt, chats, max_new_tokens, temperature, batch_size, seed,
+                                      think_budget)]

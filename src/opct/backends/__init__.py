@@ -59,13 +59,6 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
         policy = HFPolicy(model, tok, eos_ids, cuda_graphs=cfg.cuda_graphs,
                           merged_decode=own_decode and cfg.merged_decode,
                           decode_dtype=cfg.decode_dtype if own_decode else "float32", train=train)
-    # how prompts are rendered for this model and where its reasoning ends (--chat-template-kwargs, --think-tags);
-    # a config without them (bare execution settings): none, and the tags the tokenizer has
-    from opct.config import template_kwargs
-    from opct.data.reasoning import think_ids
-
-    policy.chat_options = template_kwargs(cfg)[0] if hasattr(cfg, "chat_template_kwargs") else {}
-    policy.think_ids = think_ids(tok, getattr(cfg, "think_tags", "auto"))
     if train and cfg.sampler != "policy":
         from opct.backends.vllm import VLLMPolicy, make_sampler
 

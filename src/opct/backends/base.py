@@ -21,7 +21,8 @@ dropout off), so an axis never touches a model or names a backend:
                                                                most likely token there (lm-eval's loglikelihood)
 
 `backends.make_policy(..., train=False)` builds a policy for inference only (no frozen teacher, no optimizer);
-`backends.inference_policy(name, cfg)` loads a model into one.
+`backends.inference_policy(name, cfg)` loads a model into one. A policy takes and returns token ids only: how
+messages become a prompt and where a reply's answer starts is the caller's `opct.data.chat.ChatFormat`.
 
 Shape letters: N sequences (prompts x samples), T response positions, H hidden size, V vocabulary.
 """
@@ -37,7 +38,6 @@ import torch
 from opct.backends.sampling import SamplingSettings
 from opct.errors import UserError
 from opct.train.distributed import SINGLE, Replicas
-from opct.data.reasoning import ThinkTags
 
 
 class BackendError(UserError, ValueError):
@@ -94,12 +94,6 @@ class Policy:
     eos_ids: set[int]
     device: torch.device
     replicas: Replicas = SINGLE  # the data-parallel processes this one belongs to (train/distributed.py)
-    # options for the chat template when an axis or probe renders prompts for this policy (e.g. enable_thinking):
-    # set from --chat-template-kwargs by inference_policy and start_run
-    chat_options: dict = {}
-    # the token ids that open and close a thinking model's reasoning (opct.data.reasoning), or None: axes grade the
-    # answer after the reasoning; set from --think-tags by inference_policy and start_run
-    think_ids: ThinkTags | None = None
 
     def sample(self, prompts_N: list[list[int]], settings: SamplingSettings, gen: torch.Generator) -> Rollout:
         raise NotImplementedError

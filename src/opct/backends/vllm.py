@@ -133,7 +133,6 @@ class VLLMPolicy(Policy):
         self.sync_check = SyncCheck(check_every if train else 0)
         self.model, self.tok, self.pad_id, self.eos_ids, self.device = (inner.model, inner.tok, inner.pad_id,
                                                                          inner.eos_ids, inner.device)
-        self.chat_options, self.think_ids = inner.chat_options, inner.think_ids
         self.steps = 0
         self.sync_seconds = self.wake_seconds = 0.0
         if not train:

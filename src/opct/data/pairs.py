@@ -2,9 +2,9 @@
 
 A pair is two chat transcripts that should get the same answer: the *student* side carries the
 perturbation (a wrong hint, a jailbreak wrapper, ...), the *teacher* side is the clean or contrastive
-prompt. Both are rendered with the tokenizer's own chat template and a generation prompt, and the
-*same* response token ids are appended to both (never re-tokenised text), so the teacher scores
-exactly the tokens the student sampled.
+prompt. Both are rendered with the tokenizer's own chat template and a generation prompt (each side's
+`opct.data.chat.ChatFormat`), and the *same* response token ids are appended to both (never re-tokenised
+text), so the teacher scores exactly the tokens the student sampled.
 """
 
 from __future__ import annotations
@@ -96,39 +96,3 @@ def save_pairs(pairs: list[ConsistencyPair], path: str | Path) -> None:
         meta = {k: v for k, v in p.meta.items() if not k.startswith("_")}  # "_where" etc. are runtime-only
         lines.append(json.dumps({"student": p.student, "teacher": p.teacher, **meta}) + "\n")
     atomic_write(path, "".join(lines))
-
-
-# the arguments opct itself gives a tokenizer's apply_chat_template (here and in opct.evals.policy_lm): a chat-template
-# option (--chat-template-kwargs) of one of these names would collide with opct's own and is refused (config.validate)
-TEMPLATE_ARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message", "return_dict",
-                 "chat_template")
-
-
-def _template_error() -> type[Exception]:
-    from jinja2 import TemplateError
-
-    return TemplateError
-
-
-def render_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
-    """Token ids of `messages` + the assistant generation prompt, via the tokenizer's chat template with its options
-    `template_kwargs` (e.g. enable_thinking); when the last message is an assistant turn, it is left open instead (a
-    response prefix the model continues)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise PairsError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
-            "consistency pairs are chat transcripts, so use an instruction-tuned model or set tokenizer.chat_template")
-    # A final assistant turn is a response prefix: rendered open (no end-of-turn) for the model to continue.
-    prefix = messages[-1]["role"] == "assistant"
-    try:
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=not prefix,
-                                            continue_final_message=prefix, return_dict=False,
-                                            **(template_kwargs or {}))
-    except Exception as e:  # an option the template (its raise_exception, jinja2's TemplateError) or transformers
-        if not template_kwargs or not isinstance(e, (TypeError, ValueError, _template_error())):  # refuses
-            raise
-        raise PairsError(f"--chat-template-kwargs {json.dumps(template_kwargs)}: the chat template of "
-                         f"{getattr(tokenizer, 'name_or_path', '?')!r} refused it ({e})") from None
-    if hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)

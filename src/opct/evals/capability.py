@@ -126,14 +126,17 @@ def model_name(model) -> str:
 
 
 def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float32", max_length: int | None = None,
-            engine: str = "hf", vllm_args: dict | None = None):
+            engine: str = "hf", vllm_args: dict | None = None, fmt=None):
     """The lm-eval model for `model`: PolicyLM for an opct Policy; lm-eval's HFLM for a name/dir/adapter or a (model,
     tokenizer) pair, or with `engine="vllm"` lm-eval's VLLM for a name/dir/adapter (`vllm_args`: more of its
-    arguments, e.g. gpu_memory_utilization); see the module docstring."""
+    arguments, e.g. gpu_memory_utilization); see the module docstring. `fmt`: a Policy's chat format
+    (opct.data.chat.ChatFormat); None: the chat settings' defaults for its tokenizer (no template options, think_tags
+    auto)."""
     if is_policy(model):
+        from opct.data.chat import ChatFormat
         from opct.evals.policy_lm import PolicyLM
 
-        return PolicyLM(model, batch_size=batch_size, max_length=max_length)
+        return PolicyLM(model, fmt or ChatFormat.of(model.tok), batch_size=batch_size, max_length=max_length)
     from lm_eval.models.huggingface import HFLM
 
     extra = {"max_length": max_length} if max_length else {}
@@ -250,18 +253,19 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
                    dtype: str = "float32", offline: bool | None = None, log_samples_dir: Path | None = None,
                    limits: dict[str, int | None] | None = None, apply_chat_template: bool = False,
                    num_examples: int = 3, max_length: int | None = None, max_gen_toks: int | None = None,
-                   engine: str = "hf", vllm_args: dict | None = None) -> dict:
+                   engine: str = "hf", vllm_args: dict | None = None, fmt=None) -> dict:
     """Evaluate `model` on lm-eval `tasks`; returns {task: {metric, value, stderr, lo, hi, n, chance, metrics,
     examples}} plus "_meta". `limits` overrides `limit` per task (tasks with different limits are evaluated in
     separate simple_evaluate calls); `log_samples_dir` gets every graded item as <task>.jsonl; `max_gen_toks`
     caps generation length in every generation task (lm_eval's `--gen_kwargs max_gen_toks=N`); `engine` for a
-    model given by name: hf (lm-eval's HFLM) or vllm (lm-eval's VLLM, with `vllm_args`); a Policy runs itself."""
+    model given by name: hf (lm-eval's HFLM) or vllm (lm-eval's VLLM, with `vllm_args`); a Policy runs itself, its
+    prompts and answers read through `fmt` (its model's ChatFormat; `make_lm`)."""
     if offline:
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
     tm = check_tasks(tasks, offline)
     with merged_copy(model, dtype) if engine == "vllm" and not is_policy(model) else nullcontext(model) as served:
         lm = make_lm(served, batch_size=batch_size, device=device, dtype=dtype, max_length=max_length,
-                     engine=engine, vllm_args=vllm_args)
+                     engine=engine, vllm_args=vllm_args, fmt=fmt)
         out = evaluate_tasks(lm, tasks, tm, limit=limit, limits=limits, log_samples_dir=log_samples_dir,
                              apply_chat_template=apply_chat_template, num_examples=num_examples,
                              max_gen_toks=max_gen_toks)

@@ -13,8 +13,9 @@ replaced by the prefix token (BOS, else EOS), contexts left-truncated to the mod
 policy's: the cpu backend's kernels or transformers', in the policy's dtype; on the same model in float32 they equal
 HFLM's up to float rounding (tests/evals/test_policy_lm.py). Generation decodes greedily (or samples with the task's
 temperature from a generator seeded with `seed`) for `max_gen_toks` tokens or up to EOS, then cuts the text at the
-first stop string, as HFLM's stopping criteria do. A thinking model (`policy.think_ids`) is graded on the answer after
-its reasoning; one whose reasoning does not close within the budget answers "".
+first stop string, as HFLM's stopping criteria do. A thinking model (reasoning tags in the model's `ChatFormat`,
+opct.data.chat) is graded on the answer after its reasoning; one whose reasoning does not close within the budget
+answers "". Chat-formatted tasks render their chats with the same format's template options.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 
 class PolicyLM(TemplateLM):
-    """An lm-eval LM over `policy` (an opct inference policy, `opct.backends.inference_policy`)."""
+    """An lm-eval LM over `policy` (an opct inference policy, `opct.backends.inference_policy`) and its model's chat
+    format `fmt` (opct.data.chat.ChatFormat: the template options for chat texts, where an answer starts)."""
 
     backend = "causal"
 
-    def __init__(self, policy, batch_size: int = 16, max_length: int | None = None, max_gen_toks: int = 256,
+    def __init__(self, policy, fmt, batch_size: int = 16, max_length: int | None = None, max_gen_toks: int = 256,
                  seed: int = 0):
         super().__init__()
-        self.policy, self.tokenizer = policy, policy.tok
+        self.policy, self.fmt, self.tokenizer = policy, fmt, policy.tok
         self.batch_size, self.max_gen_toks, self.seed = int(batch_size), max_gen_toks, seed
         config = getattr(getattr(policy, "model", None), "config", None)
         self.max_length = max_length or getattr(config, "max_position_embeddings", None) or 2048
@@ -60,10 +62,7 @@ class PolicyLM(TemplateLM):
         return self.tokenizer.encode(string, **kw)
 
     def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  continue_final_message=not add_generation_prompt,
-                                                  **self.policy.chat_options)
+        return self.fmt.text(chat_history, add_generation_prompt)
 
     # -- requests ----------------------------------------------------------------------------------------------------
 
@@ -97,7 +96,6 @@ class PolicyLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from opct.backends.sampling import SamplingSettings
-        from opct.data.reasoning import answer_start, opens
 
         out: list = [None] * len(requests)
         eos = self.tokenizer.decode(self.eot_token_id)
@@ -110,7 +108,7 @@ class PolicyLM(TemplateLM):
             temperature = float(kw.get("temperature") or 0.0) if kw.get("do_sample") else 0.0
             key = (tuple(until), n, temperature, float(kw.get("top_p") or 1.0), int(kw.get("top_k") or 0))
             by_kwargs.setdefault(key, []).append((i, context))
-        tags = self.policy.think_ids
+        thinks = self.fmt.thinks
         for (until, n, temperature, top_p, top_k), items in by_kwargs.items():
             if n >= self.max_length:
                 raise ValueError(f"max_gen_toks {n} leaves no room for a prompt in the model's {self.max_length}")
@@ -118,11 +116,10 @@ class PolicyLM(TemplateLM):
             got = self.policy.generate(prompts, SamplingSettings(n, temperature, top_p, top_k),
                                        torch.Generator().manual_seed(self.seed), batch_size=self.batch_size)
             for (i, context), p, r in zip(items, prompts, got):
-                if tags is not None:  # a thinking model: grade the answer after its reasoning
-                    start = answer_start(r, tags, opens(p, tags))
-                    r = [] if start is None else r[start:]
+                if thinks:  # a thinking model: grade the answer after its reasoning
+                    r = self.fmt.split(p, r).answer
                 text = self.tokenizer.decode(r, skip_special_tokens=True)
-                text = postprocess_generated_text(text.lstrip() if tags is not None else text, list(until), None)
+                text = postprocess_generated_text(text.lstrip() if thinks else text, list(until), None)
                 out[i] = text
                 self.cache_hook.add_partial("generate_until", (context, requests[i].args[1]), text)
         return out

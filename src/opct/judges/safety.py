@@ -200,7 +200,7 @@ class LocalJudge:
     def judge(self, prompts: list[str], responses: list[str], facts: list) -> list[Verdict]:
         import torch
 
-        from opct.data.pairs import render_prompt
+        from opct.data.chat import render_prompt
 
         _check_lengths(prompts, responses, facts)
         out = []

@@ -31,11 +31,12 @@ from tqdm.auto import tqdm
 import opct
 from opct import backends, models, threads
 from opct.backends.base import Policy
-from opct.config import RunConfig, StudentSampler, template_kwargs, validate
+from opct.config import RunConfig, StudentSampler, validate
 from opct.data import reasoning
+from opct.data.chat import ChatFormat
 from opct.data.io import atomic_write, write_json
 from opct.data.formats import read_pairs
-from opct.data.pairs import ConsistencyPair, PairsError, render_prompt
+from opct.data.pairs import ConsistencyPair, PairsError
 from opct.errors import UserError
 from opct.models import add_lora, load_model
 from opct.options import apply_env_overrides, read_yaml, resumable_fields, to_yaml
@@ -129,13 +130,14 @@ def newest_whole_checkpoint(out: Path) -> str | None:
                    "start a new --out")
 
 
-def render_pairs(tok, pairs: list[ConsistencyPair], max_length: int, max_new_tokens: int,
-                 options: tuple[dict, dict] = ({}, {})):
-    """Token ids of both sides of every pair (`options`: the student's and the teacher's chat-template options,
-    config.template_kwargs); a pair that cannot fit its response is an error."""
+def render_pairs(formats: tuple[ChatFormat, ChatFormat], pairs: list[ConsistencyPair], max_length: int,
+                 max_new_tokens: int):
+    """Token ids of both sides of every pair, each rendered by its side's format (`formats`: the student's and the
+    teacher's, ChatFormat.sides); a pair that cannot fit its response is an error."""
+    student, teacher = formats
     rendered = []
     for i, p in enumerate(pairs):
-        s_ids, t_ids = render_prompt(tok, p.student, options[0]), render_prompt(tok, p.teacher, options[1])
+        s_ids, t_ids = student.prompt(p.student), teacher.prompt(p.teacher)
         longest = max(len(s_ids), len(t_ids))
         if longest + max_new_tokens > max_length:
             where = p.meta.get("_where", f"pair {i}")
@@ -175,6 +177,7 @@ class Run:
     cfg: RunConfig  # as resolved: environment overrides applied
     out: Path
     policy: Policy
+    formats: tuple[ChatFormat, ChatFormat]  # the student's and the teacher's (ChatFormat.sides)
     rendered: list  # [(student_ids, teacher_ids)] per pair
     params: list
     optimizer: torch.optim.Optimizer
@@ -190,6 +193,11 @@ class Run:
     @property
     def model(self) -> torch.nn.Module:
         return self.policy.model
+
+    @property
+    def fmt(self) -> ChatFormat:
+        """The student's chat format: where its responses' answers start (the steps), what a probe renders with."""
+        return self.formats[0]
 
     def __enter__(self) -> Run:
         return self
@@ -226,12 +234,12 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     seed_everything(cfg.seed)
     model, tok = load_model(cfg.model, device=device, dtype=dtype)
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 2048)
-    rendered = render_pairs(tok, pairs, max_length, cfg.max_new_tokens, template_kwargs(cfg))
-    eos_ids = models.eos_ids(model, tok)
     try:  # tags that are not one token each stop the run here, before any step
-        reasoning.think_ids(tok, cfg.think_tags)
+        formats = ChatFormat.sides(tok, cfg)  # how each side renders, and where the student's answers start
     except reasoning.ReasoningError as e:
         raise RunError(str(e)) from None
+    rendered = render_pairs(formats, pairs, max_length, cfg.max_new_tokens)
+    eos_ids = models.eos_ids(model, tok)
 
     hidden = getattr(model.config, "hidden_size", None)
     if hidden and cfg.lora_rank > hidden:
@@ -244,7 +252,7 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
                                   lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
     try:
-        run = _assemble(cfg, env, out, policy, model, rendered, replicas, device, t_start)
+        run = _assemble(cfg, env, out, policy, formats, model, rendered, replicas, device, t_start)
         run.provenance.update(**asked, sampler_used=cfg.sampler)
         return run
     except BaseException:
@@ -252,8 +260,8 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
         raise
 
 
-def _assemble(cfg: RunConfig, env: dict, out: Path, policy: Policy, model, rendered: list,
-              replicas: distributed.Replicas, device, t_start: float) -> Run:
+def _assemble(cfg: RunConfig, env: dict, out: Path, policy: Policy, formats: tuple[ChatFormat, ChatFormat], model,
+              rendered: list, replicas: distributed.Replicas, device, t_start: float) -> Run:
     """start_run's second half, on a built policy: data-parallel wrapping, optimizer, lock, resume, logs."""
     if replicas.world > 1:
         trainer = getattr(policy, "inner", policy)  # under a vLLM sampler, the policy that scores
@@ -287,8 +295,8 @@ def _assemble(cfg: RunConfig, env: dict, out: Path, policy: Policy, model, rende
     provenance = {**policy.describe(), "env_overrides": env, **versions(),
                   **({"processes": replicas.world, "parallel": replicas.mode} if replicas.world > 1 else {})}
     threads.adjust()  # the first step's thread count, from the load time that passed since threads.use
-    return Run(cfg, out, policy, rendered, params, optimizer, scheduler, gen, start, log, provenance, t_start, lock,
-               replicas)
+    return Run(cfg, out, policy, formats, rendered, params, optimizer, scheduler, gen, start, log, provenance, t_start,
+               lock, replicas)
 
 
 class NullLog:
@@ -375,7 +383,7 @@ def end_step(run: Run, step: int, row: dict, probe, probe_every: int, bar, show:
     step_s = sum(v for k, v in row.items() if k.startswith("time_"))
     row = {"step": step + 1, **row, "step_seconds": step_s, "tokens_per_s": row["response_tokens"] / step_s}
     if probe and probe_every and ((step + 1) % probe_every == 0 or step + 1 == cfg.steps):
-        row.update(probe(run.policy) or {})
+        row.update(probe(run.policy, run.fmt) or {})
     row["peak_mem_mb"] = peak_rss_mb()
     row["threads"] = torch.get_num_threads()
     if threads.others_busy() is not None:  # why the count is what it is (opct/threads.py)

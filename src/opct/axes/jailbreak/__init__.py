@@ -82,8 +82,8 @@ class JailbreakAxis:
     def prepare(self, cfg, tok=None) -> AxisData:
         return data.prepare(cfg, tok)
 
-    def evaluate(self, policy, items: AxisData, cfg, samples=None) -> dict:
-        return evaluate.evaluate(policy, items, cfg, samples=samples)
+    def evaluate(self, policy, fmt, items: AxisData, cfg, samples=None) -> dict:
+        return evaluate.evaluate(policy, fmt, items, cfg, samples=samples)
 
     def probe(self, items: AxisData, cfg):
         return evaluate.probe(items, cfg)

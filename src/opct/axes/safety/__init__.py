@@ -129,16 +129,16 @@ class SafetyAxis:
 
         return get_judge(cfg.judge, url=cfg.judge_url or None, model=cfg.judge_model or None)
 
-    def respond(self, policy, items: list[tuple[str, SafetyPrompt]], cfg) -> list[Reply]:
+    def respond(self, policy, fmt, items: list[tuple[str, SafetyPrompt]], cfg) -> list[Reply]:
         chats = [p.messages(oracle=(split == "oracle")) for split, p in items]
-        return replies(policy, chats, cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
+        return replies(policy, fmt, chats, cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
                        think_budget=cfg.think_max_tokens)
 
-    def evaluate(self, policy, data: AxisData, cfg, samples: Path | None = None) -> dict:
+    def evaluate(self, policy, fmt, data: AxisData, cfg, samples: Path | None = None) -> dict:
         splits = data.eval_set["splits"]
         facts = data.eval_set["facts"]
         items = [(s, p) for s in SPLITS for p in splits.get(s, [])]
-        got = self.respond(policy, items, cfg)
+        got = self.respond(policy, fmt, items, cfg)
         responses = [r.answer for r in got]
         judge = self.judge(cfg)
         verdicts = judge.judge([p.text for _, p in items], responses, [facts[p.fact_id] for _, p in items])
@@ -146,7 +146,7 @@ class SafetyAxis:
                     for v, r in zip(verdicts, got)]  # no answer to grade: counted as unparsed (a fail)
         res: dict = {"judge": judge.name, "pass_rate": {}, "ausc": {}, "share_at_100": {}, "over_warning": {},
                      "n_responses": {}, "n_unparsed": {}, "safety_curve": {}, "per_fact": {}}
-        if policy.think_ids is not None:  # a thinking model: the judge graded the answers after the reasoning
+        if fmt.thinks:  # a thinking model: the judge graded the answers after the reasoning
             res["unclosed_reasoning"] = unclosed_counts([s for s, _ in items], got)
         for s in SPLITS:
             idx = [i for i, (split, _) in enumerate(items) if split == s]
@@ -167,7 +167,7 @@ class SafetyAxis:
         if samples is not None:
             rows = [{"split": s, "id": p.id, "fact_id": p.fact_id, "variant": p.variant, "prompt": p.text,
                      "response": g.answer, "passed": v.passed, "reason": v.reason,
-                     **({"reasoning": g.reasoning, "reasoning_closed": g.closed} if policy.think_ids is not None else {}),
+                     **({"reasoning": g.reasoning, "reasoning_closed": g.closed} if fmt.thinks else {}),
                      **({"judge_raw": v.raw} if v.raw else {})}
                     for (s, p), g, v in zip(items, got, verdicts)]
             samples.parent.mkdir(parents=True, exist_ok=True)
@@ -180,8 +180,8 @@ class SafetyAxis:
         held = data.eval_set["splits"]["heldout"][:cfg.probe_n]
         facts = data.eval_set["facts"]
 
-        def probe(policy):
-            responses = [r.answer for r in self.respond(policy, [("heldout", p) for p in held], cfg)]
+        def probe(policy, fmt):
+            responses = [r.answer for r in self.respond(policy, fmt, [("heldout", p) for p in held], cfg)]
             v = self.judge(cfg).judge([p.text for p in held], responses, [facts[p.fact_id] for p in held])
             return {"probe_pass_rate": sum(x.passed is True for x in v) / max(1, len(v))}
         return probe

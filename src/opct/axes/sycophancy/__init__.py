@@ -158,12 +158,12 @@ class SycophancyAxis:
                         info={"n_train_questions": len(train_q), "n_eval_questions": len(eval_q),
                               "n_shifted_questions": len(shifted), "shift_source": cfg.shift_source})
 
-    def evaluate(self, policy, data, cfg, samples=None) -> dict:
+    def evaluate(self, policy, fmt, data, cfg, samples=None) -> dict:
         kw = dict(seed=cfg.seed, batch_size=cfg.batch_size, mode=cfg.mode, think_budget=cfg.think_max_tokens)
-        ev = evaluate_sycophancy(policy, data.eval_set.questions, cued_n=cfg.cued_n, samples=samples, **kw)
+        ev = evaluate_sycophancy(policy, fmt, data.eval_set.questions, cued_n=cfg.cued_n, samples=samples, **kw)
         shifted = None
         if data.eval_set.shifted:
-            shifted = evaluate_sycophancy(policy, data.eval_set.shifted, splits=SHIFTED, **kw, split_prefix=SHIFT,
+            shifted = evaluate_sycophancy(policy, fmt, data.eval_set.shifted, splits=SHIFTED, **kw, split_prefix=SHIFT,
                                           samples=None if samples is None else
                                           Path(samples).with_name(Path(samples).stem + ".shifted.jsonl"))
         return to_results(ev, shifted)
@@ -173,8 +173,8 @@ class SycophancyAxis:
         DemoConfig of a demo that probes (--probe-every)."""
         questions = data.eval_set.questions[:cfg.probe_n]
 
-        def probe(policy):
-            ev = evaluate_sycophancy(policy, questions, seed=cfg.seed, batch_size=cfg.batch_size,
+        def probe(policy, fmt):
+            ev = evaluate_sycophancy(policy, fmt, questions, seed=cfg.seed, batch_size=cfg.batch_size,
                                      splits=("heldout_cues",), mode=cfg.mode, think_budget=cfg.think_max_tokens)
             got = {"probe_sycophancy": ev["heldout_cues"]["sycophancy"]["value"],
                    "probe_accuracy": ev["clean_accuracy"]["value"]}
