@@ -252,7 +252,8 @@ def test_resume_refuses_a_demo_stopped_by_an_earlier_opct_whose_runs_are_named_a
     """An earlier opct named the first seed's runs <out>/sft, <out>/opct: --resume of such a stopped demo would train
     opct-seed0 again beside them, so it is refused (a UserError, exit status 2) naming the folder and what to do,
     before any model loads; nothing in the folder changes."""
-    from opct.config import DemoConfig, to_yaml
+    from opct.config import DemoConfig
+    from opct.options import to_yaml
     from opct.demo import run_demo
     from opct.errors import UserError
     from opct.evaluate import config_for_axis
