@@ -1,6 +1,7 @@
 """The CPU thread policy (opct/threads.py): fixed counts stay, `auto` follows the cores other processes leave free."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -98,26 +99,38 @@ def test_proc_readings_tell_other_processes_from_our_children(restore_threads):
         time.sleep(seconds)
         return policy.others_busy(policy._now())
 
-    base = others_over(1.0)  # whatever else this machine is doing; each check below is relative to it
-    # A busy process in its own session that is not our descendant: `sh` starts it and exits at once.
-    pid = int(subprocess.run(["sh", "-c", f'{sys.executable} -c "{BUSY}" >/dev/null 2>&1 & echo $!'],
-                             capture_output=True, text=True, start_new_session=True).stdout)
-    try:
-        time.sleep(0.3)
-        assert others_over(1.5) > base + 0.5
-    finally:
-        subprocess.run(["kill", str(pid)])
-    # A busy child of ours counts as our own time, not as another process.
-    child = subprocess.Popen([sys.executable, "-c", BUSY])
-    try:
-        time.sleep(0.3)
-        own0 = threads._own_cpu_seconds()
-        others = others_over(1.5)
-        assert threads._own_cpu_seconds() - own0 > 0.7
-        assert others < base + 0.5
-    finally:
-        child.kill()
-        child.wait()
+    def attempt():
+        """(stranger seen, child not counted as another, child counted as our own), each relative to the load
+        measured just before; None when that load fills the machine (no extra process could show above it)."""
+        base = others_over(1.0)
+        if base > (os.cpu_count() or 1) - 0.7:
+            return None
+        # A busy process in its own session that is not our descendant: `sh` starts it and exits at once.
+        pid = int(subprocess.run(["sh", "-c", f'{sys.executable} -c "{BUSY}" >/dev/null 2>&1 & echo $!'],
+                                 capture_output=True, text=True, start_new_session=True).stdout)
+        try:
+            time.sleep(0.3)
+            stranger = others_over(1.5) > base + 0.5
+        finally:
+            subprocess.run(["kill", str(pid)])
+        # A busy child of ours counts as our own time, not as another process.
+        child = subprocess.Popen([sys.executable, "-c", BUSY])
+        try:
+            time.sleep(0.3)
+            own0 = threads._own_cpu_seconds()
+            others = others_over(1.5)
+            return stranger, others < base + 0.5, threads._own_cpu_seconds() - own0 > 0.7
+        finally:
+            child.kill()
+            child.wait()
+
+    # the machine's other load comes and goes (CI runs its index-bound stages beside the suite): up to 3 tries
+    tries = [attempt()]
+    while tries[-1] != (True, True, True) and len(tries) < 3:
+        tries.append(attempt())
+    if all(t is None for t in tries):
+        pytest.skip("the machine was busy on every core in each try: no other process could show above its load")
+    assert (True, True, True) in tries, tries
 
 
 def test_metrics_record_each_steps_thread_count(tiny_model_dir, tmp_path, restore_threads):
