@@ -839,6 +839,40 @@ def test_an_engine_that_is_not_installed_is_named_before_any_model_loads(capsys,
     assert not (tmp_path / "demo").exists()
 
 
+@pytest.mark.parametrize("argv", [["eval", "--axis", "sycophancy"], ["demo"]])
+def test_think_tags_not_of_the_model_stop_an_evaluation_before_its_policy_or_vllm_engine(capsys, monkeypatch,
+                                                                                       tmp_path, tiny_model_dir,
+                                                                                       argv):
+    """`opct eval` / `opct demo` with --eval-engine vllm and --think-tags that are not tokens of the model: the
+    evaluated model's chat format is built from its tokenizer before its policy and its vLLM engine (after the
+    ChatFormat change they were made first). Without vLLM here: the engine's maker and make_policy only record."""
+    import opct.backends
+    import opct.backends.vllm as vllm_backend
+    import opct.extras
+
+    made = []
+
+    class StandIn:  # a policy or an engine that was made, and closes
+        model, pad_id, eos_ids, device = None, 0, set(), "cpu"
+
+        def __init__(self, what, tok=None):
+            made.append(what)
+            self.tok = tok
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(opct.extras, "require", lambda *a, **k: None)  # as if vllm were installed
+    monkeypatch.setattr(vllm_backend, "inference_sampler", lambda *a, **k: StandIn("vllm engine"))
+    monkeypatch.setattr(opct.backends, "make_policy", lambda backend, model, tok, *a, **k: StandIn("policy", tok))
+    out = ["--out", tmp_path / ("demo" if argv[0] == "demo" else "eval.json")]
+    code, err, _ = cli(capsys, *argv, "--model", tiny_model_dir, "--device", "cpu", "--eval-engine", "vllm",
+                       "--think-tags", "<think>,</think>", *out)
+    assert code == 2 and "<think> and </think> are not one token of this tokenizer" in err.strip().splitlines()[-1]
+    assert made == []
+    assert not (tmp_path / "eval.json").exists() and not (tmp_path / "demo" / "results.json").exists()
+
+
 def test_a_demos_tracker_that_is_not_installed_is_named_before_any_model_loads(capsys, monkeypatch, tmp_path,
                                                                               no_model_loads):
     """docs/install.md promises it: a demo with --report-to wandb where wandb is missing stopped after loading the

@@ -310,13 +310,11 @@ class DemoRun:
         """A run's evaluation (its samples to samples/<run>.jsonl), unless a stopped demo kept it. `loaded`: the
         (policy, ChatFormat) of a model loaded already (the base); else the run's model is loaded and its format
         built from its tokenizer and the demo's chat settings."""
-        from opct.backends import inference_policy
-        from opct.data.chat import ChatFormat
+        from opct.backends import inference_model
 
         def compute():
-            policy = loaded[0] if loaded else inference_policy(str(self.out / run / "model"), self.cfg)
+            policy, fmt = loaded or inference_model(str(self.out / run / "model"), self.cfg)
             try:
-                fmt = loaded[1] if loaded else ChatFormat.of(policy.tok, self.cfg)
                 return self.axis.evaluate(policy, fmt, self.data, self.cfg,
                                           samples=self.out / "samples" / f"{run}.jsonl")
             finally:
@@ -360,8 +358,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     """One axis end to end (module docstring). With --resume in a stopped demo's directory (same settings), every
     stage that finished is kept: evaluations and capability runs (<out>/stages/), trained models (their run.json);
     a training run that did not finish continues from its last checkpoint."""
-    from opct.backends import inference_policy
-    from opct.data.chat import ChatFormat
+    from opct.backends import inference_model
     from opct.report import write_report
 
     out = Path(cfg.out)
@@ -373,8 +370,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     bar = tqdm(total=2 + 2 * len(methods) * cfg.seeds + 1, desc=f"demo ({axis.name})", unit="stage")
     demo = DemoRun(cfg, axis, bar)
     try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
-        base = inference_policy(cfg.model, cfg)
-        base_fmt = ChatFormat.of(base.tok, cfg)  # how the base renders its prompts, where its answers start
+        base, base_fmt = inference_model(cfg.model, cfg)  # base_fmt: how it renders prompts, where answers start
         data = demo.prepare(base.tok, methods)
         results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "runs": {},
                    "info": data.info, "timings": demo.timings}

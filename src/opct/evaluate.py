@@ -103,12 +103,10 @@ def run_eval(cfg: EvalConfig) -> dict:
 
 def evaluate_axis(cfg: EvalConfig, axis, samples: Path | None) -> dict:
     """The axis' evaluation of cfg.model (its samples to `samples`), the model's policy closed after."""
-    from opct.backends import inference_policy
-    from opct.data.chat import ChatFormat
+    from opct.backends import inference_model
 
-    policy = inference_policy(cfg.model, cfg)
+    policy, fmt = inference_model(cfg.model, cfg)  # fmt: its prompts and reasoning (--chat-template-kwargs, --think-tags)
     try:
-        fmt = ChatFormat.of(policy.tok, cfg)  # its prompts (--chat-template-kwargs) and reasoning (--think-tags)
         data = axis.prepare(cfg, policy.tok)
         return {"axis": axis.name, "model": cfg.model, "info": data.info,
                 **axis.evaluate(policy, fmt, data, cfg, samples=samples)}
@@ -145,9 +143,8 @@ def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
     inference policy of the configured backend, device and dtype (opct.evals.policy_lm: the seam every evaluation
     uses), or, where --eval-engine resolves to vllm, lm-eval's own vLLM model in `vllm_dtype` with
     `vllm_gpu_memory` of the GPU."""
-    from opct.backends import inference_policy, resolve_inference
+    from opct.backends import inference_model, resolve_inference
     from opct.backends.select import resolve_vllm_dtype
-    from opct.data.chat import ChatFormat
     from opct.evals.capability import run_capability
 
     args = dict(limit=suite["limit"], limits=suite["limits"], max_gen_toks=suite["max_gen_toks"],
@@ -158,9 +155,9 @@ def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
         return run_capability(model, suite["tasks"], engine="vllm", vllm_args={
             "gpu_memory_utilization": cfg.vllm_gpu_memory, "seed": cfg.seed},
             dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."), **args)
-    policy = inference_policy(model, cfg, resolved)
+    policy, fmt = inference_model(model, cfg, resolved)
     try:
-        res = run_capability(policy, suite["tasks"], fmt=ChatFormat.of(policy.tok, cfg), **args)
+        res = run_capability(policy, suite["tasks"], fmt=fmt, **args)
     finally:
         policy.close()
     res["_meta"]["model"] = model

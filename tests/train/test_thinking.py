@@ -137,6 +137,67 @@ def test_the_loss_covers_the_reasoning_or_only_the_answer(thinking_model_dir, to
     assert rows[False]["kl"] != pytest.approx(rows[True]["kl"], rel=1e-3)
 
 
+@pytest.mark.parametrize("backend", ["hf", "cpu"])
+@pytest.mark.parametrize("loss", ["sampled", "full", "topk", "forward"])
+def test_a_micro_batch_without_answer_tokens_adds_nothing(thinking_model_dir, tok, backend, loss):
+    """train_on_thinking off, a micro-batch whose every reasoning never closes: no token of it is in the loss. Every
+    loss, the exact ones included (whose positions are then none), backs it with a zero loss and zero gradient: the
+    step equals the same responses in one micro-batch, and a step where no reasoning closes logs loss_tokens 0, a
+    zero loss and KL, and leaves every gradient zero."""
+    (o,), (c,) = reasoning.think_ids(tok, "auto")
+    word = tok.encode(" yes", add_special_tokens=False)[0]
+    closed, unclosed = [o, word, c, word, word, tok.eos_token_id], [o, word, word]
+    pairs = [ConsistencyPair([{"role": "system", "content": "Agree."}, {"role": "user", "content": q}],
+                             [{"role": "user", "content": q}]) for q in ("Is it?", "Sure?", "Really?")]
+
+    def step(responses, micro_batch):
+        cfg = cfg_for(thinking_model_dir, "unused", backend=backend, samples_per_prompt=1, micro_batch=micro_batch,
+                      train_on_thinking=False, loss=loss, topk=4)
+        inner, _ = policy_for(thinking_model_dir, backend, cfg.lora_rank, cfg)
+        batch = render_pairs(ChatFormat.sides(tok), pairs, 256, cfg.max_new_tokens)
+        row = opct_step(FixedResponses(inner, responses), ChatFormat.of(tok, cfg), batch, cfg,
+                        torch.Generator().manual_seed(0))
+        grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                 for n, p in inner.model.named_parameters() if p.requires_grad}
+        return row, grads
+
+    mixed = [closed, unclosed, closed]  # micro-batches of one: the middle one has no answer token
+    (one, g_one), (apart, g_apart) = step(mixed, 3), step(mixed, 1)
+    assert one["loss_tokens"] == apart["loss_tokens"] == 6
+    for k in ("loss", "kl", "logp_student", "logp_teacher"):
+        assert apart[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6)
+    for n, g in g_one.items():  # equal up to float rounding (padding differs)
+        assert (g_apart[n] - g).norm() <= 1e-4 * g.norm() + 1e-7, n
+    assert any(bool(g.abs().sum() > 0) for g in g_one.values())
+    none, g_none = step([unclosed] * 3, 1)
+    assert none["loss_tokens"] == 0 and none["response_tokens"] == 9 and none["unclosed_reasoning"] == 1.0
+    assert none["loss"] == none["kl"] == 0.0
+    assert all(bool((g == 0).all()) for g in g_none.values())
+
+
+def test_a_run_whose_reasoning_never_closes_trains_on_nothing_and_goes_on(thinking_model_dir, tok, tmp_path,
+                                                                         monkeypatch):
+    """The exact loss, train_on_thinking off, every sampled reasoning cut off by the budget: each step logs no loss
+    token and a zero loss and gradient norm, and the run finishes."""
+    from opct.backends.hf import HFPolicy
+
+    (o,), _ = reasoning.think_ids(tok, "auto")
+    word = tok.encode(" yes", add_special_tokens=False)[0]
+    monkeypatch.setattr(HFPolicy, "sample", lambda self, prompts_N, settings, gen: Rollout(
+        prompts_N, [[o, word, word] for _ in prompts_N]))
+    pairs = [ConsistencyPair([{"role": "system", "content": "Agree."}, {"role": "user", "content": q}],
+                             [{"role": "user", "content": q}]) for q in ("Is it?", "Sure?", "Really?")]
+    out = tmp_path / "run"
+    train(cfg_for(thinking_model_dir, out, backend="hf", steps=2, micro_batch=2, loss="full",
+                  train_on_thinking=False), pairs=pairs, show_progress=False)
+    rows = metrics(out)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["loss_tokens"] == 0 and row["response_tokens"] == 18 and row["unclosed_reasoning"] == 1.0
+        assert row["loss"] == row["kl"] == row["grad_norm"] == 0.0
+    assert (out / "run.json").exists()  # written last: the run finished
+
+
 def test_sft_trains_on_the_targets_answers_only_when_asked(thinking_model_dir, tok):
     """SFT's targets lose their reasoning tokens from the loss likewise (train_on_thinking off): the NLL and its
     normaliser cover the answers after </think> only, checked against the targets' log-probs computed here."""

@@ -157,15 +157,19 @@ def exact_kl(kind: str, s_logits, t_logits, h_s_MH: torch.Tensor, h_t_MH: torch.
              **kw) -> torch.Tensor:
     """EXACT[kind] at M positions from the student's and teacher's hidden states, `chunk` positions at a time,
     recomputing each chunk's logits in backward (activation checkpointing): peak memory O(chunk x V), not
-    O(M x V). `s_logits`/`t_logits` map hidden rows to float32 logits. Returns kl_M."""
+    O(M x V). `s_logits`/`t_logits` map hidden rows to float32 logits. Returns kl_M. With M = 0 (a micro-batch none
+    of whose tokens the loss covers, e.g. every reasoning unclosed under train_on_thinking off) the one chunk is
+    empty: kl_M is still the KL of the logits of the (no) rows, so its sum is a zero that backward runs through to
+    every parameter the logits depend on, giving them a zero gradient, as the sampled-token loss does with an
+    all-zero mask (a tensor made afresh would have no graph, and backward would raise)."""
     kl_fn = EXACT[kind]
 
     def one(h_s, h_t):
         return kl_fn(s_logits(h_s), t_logits(h_t), **kw)
 
     parts = [checkpoint(one, h_s_MH[i:i + chunk], h_t_MH[i:i + chunk], use_reentrant=False)
-             for i in range(0, h_s_MH.shape[0], chunk)]
-    return torch.cat(parts) if parts else h_s_MH.new_zeros(0)
+             for i in range(0, max(h_s_MH.shape[0], 1), chunk)]
+    return torch.cat(parts)
 
 
 EXACT = {"full": reverse_kl, "topk": topk_reverse_kl, "forward": forward_kl}

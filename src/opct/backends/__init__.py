@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, Rollout, Scores
@@ -13,6 +15,9 @@ from opct.backends.sampling import SamplingSettings
 from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dtype, resolve, resolve_backend,
                                   resolve_device, resolve_dtype, resolve_eval_engine, resolve_inference,
                                   resolve_sampler)
+
+if TYPE_CHECKING:
+    from opct.data.chat import ChatFormat
 
 
 def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
@@ -68,26 +73,36 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
     return policy
 
 
-def inference_policy(name: str, cfg, resolved: tuple | None = None) -> Policy:
+def inference_model(name: str, cfg, resolved: tuple | None = None) -> tuple[Policy, ChatFormat]:
     """The model `name` (alias, file, directory, Hub id) on the configured device and dtype, in an inference policy
-    of the configured backend (`make_policy(..., train=False)`): what `opct eval` and the demo's evaluations run.
+    of the configured backend (`make_policy(..., train=False)`), and its chat format (opct.data.chat.ChatFormat of its
+    tokenizer under the config's chat settings, the student's side): what `opct eval` and the demo's evaluations run.
     `cfg`: an evaluation's config (config.AxisOptions). Where its `eval_engine` resolves to vllm, a vLLM engine
-    serving the same model generates (backends/vllm.py). `resolved`: `resolve_inference(cfg)` where the caller has
-    it already (evaluate.capability_run), else resolved here."""
+    serving the same model generates (backends/vllm.py). The format is built from the tokenizer before any policy or
+    engine is made, so --think-tags that are not tokens of the model (data.reasoning.ReasoningError) stop here, with
+    nothing to close. `resolved`: `resolve_inference(cfg)` where the caller has it already
+    (evaluate.capability_run), else resolved here."""
+    from opct.data.chat import ChatFormat
     from opct.models import eos_ids, load_model
 
     device, dtype, backend, engine = resolved or resolve_inference(cfg)
     model, tok = load_model(name, device=device, dtype=dtype)
+    fmt = ChatFormat.of(tok, cfg)  # its prompts (--chat-template-kwargs) and reasoning (--think-tags)
     eos = eos_ids(model, tok)
     policy = make_policy(backend, model, tok, eos, cfg, train=False)
     if engine == "vllm":
         from opct.backends.vllm import VLLMPolicy, inference_sampler
 
         policy = VLLMPolicy(policy, inference_sampler(name, cfg, eos, device, dtype), train=False)
-    return policy
+    return policy, fmt
+
+
+def inference_policy(name: str, cfg, resolved: tuple | None = None) -> Policy:
+    """`inference_model`'s policy alone (its format checked all the same), for a caller that renders nothing."""
+    return inference_model(name, cfg, resolved)[0]
 
 
 __all__ = ["DTYPES", "BackendError", "Policy", "Rollout", "SamplingSettings", "Scores", "check_training",
-           "data_parallel_backend", "inference_policy", "make_policy", "other_decode_dtype", "resolve",
+           "data_parallel_backend", "inference_model", "inference_policy", "make_policy", "other_decode_dtype", "resolve",
            "resolve_backend", "resolve_device", "resolve_dtype", "resolve_eval_engine", "resolve_inference",
            "resolve_sampler"]

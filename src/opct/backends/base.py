@@ -21,7 +21,7 @@ dropout off), so an axis never touches a model or names a backend:
                                                                most likely token there (lm-eval's loglikelihood)
 
 `backends.make_policy(..., train=False)` builds a policy for inference only (no frozen teacher, no optimizer);
-`backends.inference_policy(name, cfg)` loads a model into one. A policy takes and returns token ids only: how
+`backends.inference_model(name, cfg)` loads a model into one, with its `ChatFormat` (built first). A policy takes and returns token ids only: how
 messages become a prompt and where a reply's answer starts is the caller's `opct.data.chat.ChatFormat`.
 
 Shape letters: N sequences (prompts x samples), T response positions, H hidden size, V vocabulary.

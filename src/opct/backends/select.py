@@ -104,7 +104,7 @@ def resolve(cfg) -> tuple[torch.device, torch.dtype, str]:
 def resolve_inference(cfg) -> tuple[torch.device, torch.dtype, str, str]:
     """(device, dtype, backend, engine) of an evaluation's config (config.AxisOptions: EvalConfig, DemoConfig):
     `resolve`'s three and who generates its answers, --eval-engine with auto resolved (`resolve_eval_engine`). The
-    one place an evaluation decides them: `inference_policy` and evaluate.capability_run read what it returns."""
+    one place an evaluation decides them: `inference_model` and evaluate.capability_run read what it returns."""
     device, dtype, backend = resolve(cfg)
     return device, dtype, backend, resolve_eval_engine(cfg.eval_engine, device)
 

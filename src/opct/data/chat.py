@@ -2,10 +2,11 @@
 
 A `ChatFormat` is built once from a tokenizer, the chat template's options of one side (--chat-template-kwargs, and
 for the teacher --teacher-chat-template-kwargs merged over them: `template_kwargs`) and the reasoning tags
-(--think-tags, opct.data.reasoning.think_ids), by whoever builds the policy: train.loop.start_run (both sides), the
-demo and `opct eval` (the evaluated model's, the student's options). Every consumer asks it and nothing else how a
-prompt renders and where an answer starts: the training step and SFT (the answer-only loss mask), the axes
-(`respond`, the sycophancy reading), the in-training probes and lm-eval's adapter (opct.evals.policy_lm).
+(--think-tags, opct.data.reasoning.think_ids), by whoever builds the policy, before the policy and any engine:
+train.loop.start_run (both sides), the demo and `opct eval` (the evaluated model's, the student's options, in
+backends.inference_model). Every consumer asks it and nothing else how a prompt renders and where an answer starts:
+the training step and SFT (the answer-only loss mask), the axes (`respond`, the sycophancy reading), the in-training
+probes and lm-eval's adapter (opct.evals.policy_lm).
 
     fmt = ChatFormat.of(tok, cfg, "student")
     ids = fmt.prompt(messages)             # chat template + generation prompt; a final assistant turn is a prefill

@@ -5,7 +5,7 @@
 plus a 95% interval, n and a few graded examples. No scorer is re-implemented here.
 
 The model may be
-  * an opct `Policy` (`opct.backends.inference_policy`): lm-eval's requests go through the policy
+  * an opct `Policy` (`opct.backends.inference_model`): lm-eval's requests go through the policy
     (`opct.evals.policy_lm.PolicyLM`), on its backend, device and dtype: the execution seam training and the axes
     use. This is what `opct demo` and `opct eval --tasks` run (unless --eval-engine resolves to vllm);
   * a name: the alias `smollm2-135m-instruct` (resolved to its dense copy by `opct.models.resolve`), a

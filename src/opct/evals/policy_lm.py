@@ -27,8 +27,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 
 class PolicyLM(TemplateLM):
-    """An lm-eval LM over `policy` (an opct inference policy, `opct.backends.inference_policy`) and its model's chat
-    format `fmt` (opct.data.chat.ChatFormat: the template options for chat texts, where an answer starts)."""
+    """An lm-eval LM over `policy` (an opct inference policy) and its model's chat format `fmt`
+    (opct.data.chat.ChatFormat: the template options for chat texts, where an answer starts), the pair
+    `opct.backends.inference_model` returns."""
 
     backend = "causal"
 
