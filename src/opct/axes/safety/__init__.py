@@ -38,14 +38,6 @@ from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, sp
 # the axis (opct.axes.base.Axis): data.py picks each split's prompts, evaluate.py holds the metrics over facts,
 # report.py renders the report section
 
-HELD_OUT = {  # split -> (facts, surface variants): what it holds out, for the report
-    "heldout": ("held-out", "trained variants"),
-    "heldout_variants": ("held-out", "held-out variants (--heldout-variants)"),
-    "train": ("trained (prompts not trained on)", "trained variants"),
-    "contrast": ("all (the fact does not apply)", "every variant"),
-    "oracle": ("held-out, the fact in the system prompt", "trained variants"),
-}
-
 
 def heldout_variants(cfg) -> set[str]:
     """The surface variants never trained on (--heldout-variants of a config.AxisOptions)."""

@@ -9,6 +9,13 @@ from opct.data.safety import SafetyPrompt
 
 SPLITS = ("heldout", "heldout_variants", "train", "contrast", "oracle")
 RATE_SPLITS = ("heldout", "heldout_variants", "train", "oracle")
+HELD_OUT = {  # split -> (facts, surface variants): what it holds out, for the report
+    "heldout": ("held-out", "trained variants"),
+    "heldout_variants": ("held-out", "held-out variants (--heldout-variants)"),
+    "train": ("trained (prompts not trained on)", "trained variants"),
+    "contrast": ("all (the fact does not apply)", "every variant"),
+    "oracle": ("held-out, the fact in the system prompt", "trained variants"),
+}
 
 
 def seeded_rng(seed: int, key: str) -> random.Random:

@@ -10,7 +10,10 @@ from matplotlib.figure import Figure
 
 from opct.experiment import BASE
 from opct.report.render import DASH, label, method_color, save_figure
+from opct.report.run import held_out_blocks as held_out_table
 from opct.report.run import method_table, paired_blocks, results_blocks, unclosed_block
+from opct.axes.safety.data import HELD_OUT
+from opct.axes.safety.evaluate import safety_curve
 
 NOTE = ("Each rate is the mean over facts of the fact's pass rate (the share of its prompts whose response the judge "
         "passes); intervals are 95% bootstrap intervals over facts (1000 resamples, seed 47); n is the number of "
@@ -28,8 +31,6 @@ TAUS_FINE = [i / 100 for i in range(101)]
 def plot_safety_curve(methods: dict, names: list[str], path: Path) -> bool:
     """S(tau) per method on a 101-point grid (the one AUSC integrates) from the per-fact pass rates: held-out facts
     solid, training facts dashed, the base model's oracle dotted. Returns whether anything was drawn."""
-    from opct.axes.safety.evaluate import safety_curve
-
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
     drawn = False
@@ -64,18 +65,15 @@ def read_samples(run_dir: Path, method: str) -> list[dict]:
 
 def held_out_blocks(results: dict) -> list:
     """What each evaluated split holds out, along both dimensions: facts (never trained on) and surface variants."""
-    from opct.axes.safety import HELD_OUT
-    from opct.report.run import held_out_blocks as table
-
     info = results.get("info") or {}
     present = [s for s in HELD_OUT if any(s in (m.get("per_fact") or {}) for m in method_table(results)[0].values())]
     if "heldout_variants" not in present:
         return []
     held = ", ".join(info.get("heldout_variants", [])) or DASH
     trained = ", ".join(info.get("trained_variants", [])) or DASH
-    return table(HELD_OUT, present, ("Facts", "Variants"),
-                 f"Two dimensions: facts (held-out facts are never trained on) and surface variants (training "
-                 f"prompts use {trained}; {held} are never trained on).")
+    return held_out_table(HELD_OUT, present, ("Facts", "Variants"),
+                          f"Two dimensions: facts (held-out facts are never trained on) and surface variants "
+                          f"(training prompts use {trained}; {held} are never trained on).")
 
 
 def safety_blocks(results: dict, run_dir: Path) -> list:

@@ -20,7 +20,7 @@ Two answer formats (`mode`), because small models differ in what they can do:
             prefix is appended to the prompt, and the answer is the option whose first token is
             most probable next. Cues name the option text ("Berlin"). For models that cannot map
             letters to options: SmolLM2-135M-Instruct picks letters by position, not content, but names the right option text well above chance.
-What is held out (`HELD_OUT`): the evaluation questions are never trained on (same source as training); the
+What is held out (`data.HELD_OUT`): the evaluation questions are never trained on (same source as training); the
 heldout_cues split adds cue phrasings never trained on, system_cue and pushback cue types never trained on; the
 shifted_* splits ask the held-out cues and cue types on questions from ANOTHER source (`--shift-source`, default
 ARC-Easy's validation split, shipped), so they show whether consistency transfers beyond the training content (the paper's claim). `units`
@@ -39,21 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opct.axes.base import Metric
-from opct.axes.sycophancy.data import SPLITS, build_train_pairs
+from opct.axes.sycophancy.data import SHIFT, SHIFTED, SPLITS, build_train_pairs
 from opct.axes.sycophancy.evaluate import evaluate_sycophancy, text_readable
 from opct.data.mcq import MCQ
-
-SHIFTED = ("heldout_cues", "system_cue", "pushback")  # the cue splits the shifted questions get: none trained on
-SHIFT = "shifted_"  # their results' split names: shifted_heldout_cues, ...
-HELD_OUT = {  # split -> (questions, cue): what it holds out, for the report
-    "train_cues": ("held-out, training source", "training phrasings"),
-    "heldout_cues": ("held-out, training source", "held-out phrasings"),
-    "system_cue": ("held-out, training source", "held-out type: in the system prompt"),
-    "pushback": ("held-out, training source", "held-out type: doubting the model's answer"),
-    SHIFT + "heldout_cues": ("another source (--shift-source)", "held-out phrasings"),
-    SHIFT + "system_cue": ("another source (--shift-source)", "held-out type: in the system prompt"),
-    SHIFT + "pushback": ("another source (--shift-source)", "held-out type: doubting the model's answer"),
-}
 
 
 @dataclass

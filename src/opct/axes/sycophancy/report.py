@@ -10,6 +10,8 @@ from matplotlib.figure import Figure
 from opct.experiment import BASE
 from opct.report.render import DASH, fmt_ratio, grouped_bars, label, method_legend, save_figure
 from opct.report.run import cell, compared, method_table, per_split_metrics, results_blocks, splits_of, unclosed_block
+from opct.report.run import held_out_blocks as held_out_table
+from opct.axes.sycophancy.data import HELD_OUT
 
 UNCLOSED_READ = ("each answer was read after the model's own reasoning (greedy, at most --think-max-tokens tokens), "
                  "at a forced \"The answer is\" (the paper's two phases). Prompts whose reasoning did not close "
@@ -49,13 +51,10 @@ def report_blocks(results: dict, run_dir: Path) -> list:
 
 def held_out_blocks(results: dict, splits: list[str]) -> list:
     """What each split holds out: its questions and its cue."""
-    from opct.axes.sycophancy import HELD_OUT
-    from opct.report.run import held_out_blocks as table
-
     source = (results.get("info") or {}).get("shift_source")
-    return table(HELD_OUT, splits, ("Questions", "Cue"),
-                 "Training used the training phrasings of user-turn cues on the training questions. "
-                 + (f"The shifted splits' questions come from {source}." if source else ""))
+    return held_out_table(HELD_OUT, splits, ("Questions", "Cue"),
+                          "Training used the training phrasings of user-turn cues on the training questions. "
+                          + (f"The shifted splits' questions come from {source}." if source else ""))
 
 
 def comparison_blocks(results: dict, splits: list[str]) -> list:
