@@ -694,7 +694,7 @@ def test_a_judge_endpoint_that_does_not_answer_is_named_before_any_model_loads(c
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    monkeypatch.setattr(opct.backends, "inference_policy", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(opct.backends, "inference_model", lambda *a, **k: pytest.fail("model loaded"))
     monkeypatch.setattr(opct.demo, "train_sft", lambda *a, **k: pytest.fail("training started"), raising=False)
     out = tmp_path / "out"
     args = [command, "--axis", axis, "--judge", "llm", "--judge-model", "j", "--out",
@@ -722,7 +722,7 @@ def test_a_local_judge_without_a_model_or_with_a_missing_one_is_named_before_any
                                                                                            tmp_path):
     import opct.backends
 
-    monkeypatch.setattr(opct.backends, "inference_policy", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(opct.backends, "inference_model", lambda *a, **k: pytest.fail("model loaded"))
     code, err, _ = cli(capsys, "eval", "--axis", "safety", "--judge", "local")
     assert code == 2 and "--judge local needs --judge-model" in err
     code, err, _ = cli(capsys, "eval", "--axis", "safety", "--judge", "local", "--judge-model", tmp_path / "nope")
@@ -738,7 +738,7 @@ def test_a_demo_with_an_unknown_capability_task_stops_before_any_model_loads(cap
     from opct.evals import capability
 
     monkeypatch.setattr(capability, "task_manager", lambda offline, tasks: types.SimpleNamespace(all_tasks={"piqa"}))
-    monkeypatch.setattr(opct.backends, "inference_policy", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(opct.backends, "inference_model", lambda *a, **k: pytest.fail("model loaded"))
     code, err, _ = cli(capsys, "demo", "--capability", "piqa,nosuchtask", "--out", tmp_path / "demo")
     assert code == 2 and "--capability: unknown lm-eval task(s) ['nosuchtask']" in err
     assert not (tmp_path / "demo").exists()
