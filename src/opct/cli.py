@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -16,6 +17,10 @@ from pathlib import Path
 
 from opct import __version__, config, options
 from opct.errors import MachineError, UserError
+from opct.axes import axis_defaults, axis_names
+from opct.experiment import parse_methods, run_name
+from opct.provenance import git_commit
+from opct.stats import result_rows
 
 
 def before_torch(cfg) -> None:
@@ -66,10 +71,6 @@ def check_output_dir(path: str, option: str) -> None:
 
 
 def cmd_eval(args) -> None:
-    import json
-
-    from opct.axes import axis_defaults
-
     cfg = config.build(config.EvalConfig, args, defaults=axis_defaults)
     check_output_file(cfg.out, "--out")
     before_torch(cfg)
@@ -82,7 +83,6 @@ def cmd_eval(args) -> None:
             print(f"opct: wrote {cfg.out}")
         return
     from opct.evaluate import run_eval
-    from opct.stats import result_rows
 
     res = run_eval(cfg)
     for metric, split, c in result_rows(res):  # value None: nothing measured (n = 0)
@@ -99,8 +99,6 @@ ONE_AXIS_OPTIONS = ("source", "eval_source")
 
 
 def cmd_demo(args) -> None:
-    from opct.axes import axis_defaults, axis_names
-
     user = options.user_values(config.DemoConfig, args)
     names = axis_names(user.get("axis") or config.DemoConfig.axis)
     if len(names) == 1:
@@ -108,8 +106,6 @@ def cmd_demo(args) -> None:
         check_output_dir(cfg.out, "--out")
         before_torch(cfg)
         from opct.demo import run_demo
-
-        from opct.experiment import parse_methods, run_name
 
         out = run_demo(cfg)
         models = ", ".join(f"{out}/{run_name(m, cfg.seed)}/model" for m in parse_methods(cfg.methods))
@@ -135,8 +131,6 @@ def cmd_demo(args) -> None:
 
 
 def cmd_report(args) -> None:
-    import json
-
     from opct.report import write_report
 
     results = Path(args.run_dir) / "results.json"
@@ -272,8 +266,6 @@ def _terminated(signum, frame):
 
 
 def version_text() -> str:
-    from opct.provenance import git_commit
-
     git = git_commit()
     return f"opct {__version__}" + (f" (git {git['commit'][:12]}{', modified' if git['dirty'] else ''})"
                                      if git else "")

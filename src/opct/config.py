@@ -19,6 +19,7 @@ recorded. `opct train --help` prints every field with its default and help text,
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import ClassVar
@@ -426,8 +427,6 @@ def validate(cfg):
         for name, text in (("chat_template_kwargs", cfg.chat_template_kwargs),
                            ("teacher_chat_template_kwargs", cfg.teacher_chat_template_kwargs)):
             if text:
-                import json
-
                 from opct.data.chat import TEMPLATE_ARGS
 
                 taken = sorted(set(json.loads(text)) & set(TEMPLATE_ARGS))

@@ -39,19 +39,28 @@ whose first seed's runs are named after their method (<out>/opct: `refuse_old_la
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from opct import threads
+import opct.algo.opct
+import opct.algo.sft
+from opct import backends, extras, threads
 from opct.train import trackers
 from opct.config import DemoConfig, ExecConfig, SFTConfig, TrainConfig, chat_settings, exec_settings
-from opct.options import resumable_fields, to_yaml
+from opct.options import read_yaml, resumable_fields, to_yaml
 from opct.data.io import atomic_write, write_json
 from opct.evaluate import capability_run, check_eval_engine
 from opct.errors import UserError
-from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, compare, parse_methods, run_name
+from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, compare, compare_seeds, parse_methods, run_name
+from opct.axes import get_axis
+from opct.backends.vllm import check_sleep
+from opct.data.pairs import save_pairs
+from opct.evals import capability as capability_tasks
+from opct.report import write_report, write_summary
+from opct.train.loop import RunError
 
 
 SAVE_EVERY = 10  # the demo's training runs checkpoint every 10 steps: a stopped demo loses at most that much
@@ -66,8 +75,6 @@ class Stages:
         self.kept: list[str] = []
 
     def get(self, name: str, compute):
-        import json
-
         path = self.dir / f"{name}.json"
         if path.is_file():
             try:
@@ -75,8 +82,6 @@ class Stages:
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
                 kept = e
             if not isinstance(kept, dict):
-                from opct.train.loop import RunError
-
                 why = f"damaged ({kept})" if isinstance(kept, Exception) else "not a stage's result (a JSON object)"
                 raise RunError(f"{path}: {why}; delete it and --resume runs that stage again")
             self.kept.append(name)
@@ -90,14 +95,12 @@ def capability(cfg: DemoConfig, out: Path, methods: list[str], stages: Stages) -
     """lm-eval tasks on the base model and each trained one (`capability_run`: through an inference policy, as the
     axes evaluate them): per task, each method's score with its interval and the change from base. Each model's run
     is a stage (kept on --resume)."""
-    from opct.evals.capability import capability_block, resolve_suite
-
-    s = resolve_suite(cfg.capability, cfg.capability_limit or None)
+    s = capability_tasks.resolve_suite(cfg.capability, cfg.capability_limit or None)
     first = {BASE: BASE, **{m: run_name(m, cfg.seed) for m in methods}}  # each method's run of the first seed
     models = {BASE: cfg.model, **{m: str(out / first[m] / "model") for m in methods}}
     runs = {m: stages.get(f"capability_{first[m]}", lambda: capability_run(cfg, path, s))
             for m, path in models.items()}
-    return capability_block(runs)
+    return capability_tasks.capability_block(runs)
 
 
 def sft_config(cfg: DemoConfig, axis, base: SFTConfig) -> SFTConfig:
@@ -122,8 +125,6 @@ def across_seeds(axis, cfg: DemoConfig, methods: list[str], every: dict) -> dict
     (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and each
     pair of trained methods (opct.experiment.pairs) paired unit by unit within each seed; the methods' intervals come
     from the two-way bootstrap over seeds and units (`opct.experiment.compare_seeds`); `every`: results "runs"."""
-    from opct.experiment import compare_seeds
-
     seeds = train_seeds(cfg)
     units = {m: [axis.units(every[run_name(m, s)]) for s in seeds] for m in methods}
     base = axis.units(every[BASE]) if BASE in every else {}
@@ -134,9 +135,6 @@ def across_seeds(axis, cfg: DemoConfig, methods: list[str], every: dict) -> dict
 def preflight(cfg: DemoConfig):
     """What a demo can check before any model loads: the methods, the axis' own check (a judge endpoint that
     answers), the capability tasks. Returns (axis, methods)."""
-    from opct.axes import get_axis
-    from opct.train.loop import RunError
-
     axis = get_axis(cfg.axis)
     try:
         methods = parse_methods(cfg.methods)
@@ -146,20 +144,13 @@ def preflight(cfg: DemoConfig):
     trackers.check(cfg.report_to)  # the training runs' trackers, which would otherwise stop it after base's eval
     check_eval_engine(cfg)
     if cfg.sampler == "vllm" and any(METHODS[m].trainer == ON_POLICY for m in methods):  # it samples through vLLM
-        from opct.extras import require
-
-        require("vllm", "--sampler vllm")
+        extras.require("vllm", "--sampler vllm")
     if cfg.vllm_sleep:  # for OPCT's sampler as the training runs will resolve it
-        from opct.backends import resolve_device, resolve_sampler
-        from opct.backends.vllm import check_sleep
-
-        device = resolve_device(cfg.device)
-        check_sleep(cfg.vllm_sleep, resolve_sampler(TrainConfig(sampler=cfg.sampler, lora_rank=cfg.lora_rank),
-                                                    device), device)
+        device = backends.resolve_device(cfg.device)
+        check_sleep(cfg.vllm_sleep, backends.resolve_sampler(TrainConfig(sampler=cfg.sampler, lora_rank=cfg.lora_rank),
+                                                             device), device)
     if cfg.capability:  # an unknown task would otherwise stop the demo after all its training
-        from opct.evals.capability import check_tasks, resolve_suite
-
-        check_tasks(resolve_suite(cfg.capability)["tasks"], option="--capability")
+        capability_tasks.check_tasks(capability_tasks.resolve_suite(cfg.capability)["tasks"], option="--capability")
     return axis, methods
 
 
@@ -178,8 +169,6 @@ def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
     """A demo's output directory against this config: ("new", []) absent or empty; ("done", []) results.json
     written with these settings; ("unfinished", []) these settings, no results.json (stopped: --resume continues
     it); ("other", changed settings) another command's run (changed = [] when it is no demo)."""
-    from opct.options import read_yaml
-
     d = Path(cfg.out)
     if not d.exists() or not any(d.iterdir()):
         return "new", []
@@ -198,8 +187,6 @@ def demo_state(cfg: DemoConfig) -> tuple[str, list[str]]:
 
 def refuse_unless_resumable(cfg: DemoConfig, state: str, changed: list[str]) -> None:
     """The demo in cfg.out may run: new, or unfinished with --resume; anything else is a RunError naming why."""
-    from opct.train.loop import RunError
-
     out = cfg.out
     if state == "other":
         raise RunError(f"{out}: holds a demo with other settings ({', '.join(changed)}); choose another --out"
@@ -226,9 +213,6 @@ def refuse_old_layout(cfg: DemoConfig) -> None:
 def run_demos(cfgs: list[DemoConfig], out: Path) -> Path:
     """One demo per axis config (each with out = <out>/<axis>), then the summary across axes (module docstring).
     With --resume, axes that finished are kept and an unfinished one continues (`run_demo`)."""
-    from opct.report import write_summary
-    from opct.train.loop import RunError
-
     out = Path(out)
     names = [c.axis for c in cfgs]
     if out.exists():
@@ -290,9 +274,6 @@ class DemoRun:
 
     def prepare(self, tok, methods: list[str]):
         """The axis' pairs and evaluation set, and the demo's own record of them (demo.yaml, pairs.jsonl)."""
-        from opct.data.pairs import save_pairs
-        from opct.train.loop import RunError
-
         cfg, out = self.cfg, self.out
         data = self.data = self.timed("prepare", self.axis.prepare, cfg, tok)
         if methods and not data.train_pairs:
@@ -310,10 +291,8 @@ class DemoRun:
         """A run's evaluation (its samples to samples/<run>.jsonl), unless a stopped demo kept it. `loaded`: the
         (policy, ChatFormat) of a model loaded already (the base); else the run's model is loaded and its format
         built from its tokenizer and the demo's chat settings."""
-        from opct.backends import inference_model
-
         def compute():
-            policy, fmt = loaded or inference_model(str(self.out / run / "model"), self.cfg)
+            policy, fmt = loaded or backends.inference_model(str(self.out / run / "model"), self.cfg)
             try:
                 return self.axis.evaluate(policy, fmt, self.data, self.cfg,
                                           samples=self.out / "samples" / f"{run}.jsonl")
@@ -325,15 +304,12 @@ class DemoRun:
         """One method's training run with one seed: its trainer and config from its row of the methods table (the
         demo's shared settings, the axis' overrides, a control's changed settings); kept when it finished before
         (run.json), continued from its last checkpoint when it did not (--resume)."""
-        from opct.algo.opct import train
-        from opct.algo.sft import train_sft
-
         self.bar.set_postfix_str(f"training {run}")
         run_cfg = run_config(self.cfg, self.axis, method, seed, self.out / run)
         if METHODS[method].trainer == ON_POLICY:
-            fn, pairs = train, self.data.train_pairs
+            fn, pairs = opct.algo.opct.train, self.data.train_pairs
         else:  # the offline baseline
-            fn, pairs = train_sft, self.data.pairs_for_sft()
+            fn, pairs = opct.algo.sft.train_sft, self.data.pairs_for_sft()
         if (self.out / run / "run.json").is_file():
             self.stages.kept.append(f"train_{run}")
         else:
@@ -358,9 +334,6 @@ def run_demo(cfg: DemoConfig) -> Path:
     """One axis end to end (module docstring). With --resume in a stopped demo's directory (same settings), every
     stage that finished is kept: evaluations and capability runs (<out>/stages/), trained models (their run.json);
     a training run that did not finish continues from its last checkpoint."""
-    from opct.backends import inference_model
-    from opct.report import write_report
-
     out = Path(cfg.out)
     refuse_unless_resumable(cfg, *demo_state(cfg))
     refuse_old_layout(cfg)
@@ -370,7 +343,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     bar = tqdm(total=2 + 2 * len(methods) * cfg.seeds + 1, desc=f"demo ({axis.name})", unit="stage")
     demo = DemoRun(cfg, axis, bar)
     try:  # closed before the CLI prints why a stopped demo stopped, so that message is the last line
-        base, base_fmt = inference_model(cfg.model, cfg)  # base_fmt: how it renders prompts, where answers start
+        base, base_fmt = backends.inference_model(cfg.model, cfg)  # base_fmt: how it renders prompts, answers start
         data = demo.prepare(base.tok, methods)
         results = {"axis": axis.name, "model": cfg.model, "config": dataclasses.asdict(cfg), "runs": {},
                    "info": data.info, "timings": demo.timings}

@@ -10,17 +10,21 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from opct import threads
-from opct.config import DemoConfig, EvalConfig
+from opct import backends, extras, threads
+from opct.config import DemoConfig, EvalConfig, validate
 from opct.data.io import write_json
+from opct.axes import axis_defaults, get_axis
+from opct.backends import resolve_inference
+from opct.backends.select import resolve_vllm_dtype
+from opct.evals import capability
+from opct.inspect_log import remove_stale, write_log
+from opct.options import ConfigError
+from opct.outputs import Staged
 
 
 def config_for_axis(cls=DemoConfig, **options):
     """A DemoConfig / EvalConfig for the Python API, with the axis' defaults where `options` sets nothing (what the
     CLI does with flags)."""
-    from opct.axes import axis_defaults
-    from opct.config import validate
-
     known = {f.name for f in dataclasses.fields(cls)}
     values = {**{k: v for k, v in axis_defaults(options).items() if k in known}, **options}
     return validate(cls(**values))
@@ -42,8 +46,6 @@ def check_eval_outputs(cfg: EvalConfig) -> None:
     """`opct eval --out`'s files can all be written where they go (ConfigError otherwise): a result name with a
     suffix where the samples go to a directory of the name without it (--tasks); no directory where a file goes; a
     samples directory that holds only lm-eval samples (*.jsonl) of an earlier run, which this run replaces."""
-    from opct.options import ConfigError
-
     if not cfg.out:
         return
     files = eval_outputs(cfg)
@@ -66,9 +68,7 @@ def check_eval_outputs(cfg: EvalConfig) -> None:
 def check_eval_engine(cfg) -> None:
     """--eval-engine vllm needs vllm (an evaluation's engine, lm-eval's vLLM model): checked before any model loads."""
     if cfg.eval_engine == "vllm":
-        from opct.extras import require
-
-        require("vllm", "--eval-engine vllm", "or --eval-engine policy")
+        extras.require("vllm", "--eval-engine vllm", "or --eval-engine policy")
 
 
 def run_eval(cfg: EvalConfig) -> dict:
@@ -76,9 +76,6 @@ def run_eval(cfg: EvalConfig) -> dict:
     same options). Returns {"axis", "model", "info", **the axis' result}; with --out X.json, per-example samples go
     next to it (X.samples.jsonl), and an Inspect log beside them (<created>_<axis>_X_<id>.json, opct.inspect_log):
     written as one unit (opct.outputs.Staged), replacing an earlier run's, or, on failure, not at all."""
-    from opct.axes import get_axis
-    from opct.outputs import Staged
-
     axis = get_axis(cfg.axis)
     check_eval_outputs(cfg)
     check_eval_engine(cfg)
@@ -86,7 +83,6 @@ def run_eval(cfg: EvalConfig) -> dict:
     threads.use(cfg.threads)
     if not cfg.out:
         return evaluate_axis(cfg, axis, None)
-    from opct.inspect_log import remove_stale, write_log
 
     out = Path(cfg.out)
     files = eval_outputs(cfg)
@@ -103,9 +99,8 @@ def run_eval(cfg: EvalConfig) -> dict:
 
 def evaluate_axis(cfg: EvalConfig, axis, samples: Path | None) -> dict:
     """The axis' evaluation of cfg.model (its samples to `samples`), the model's policy closed after."""
-    from opct.backends import inference_model
-
-    policy, fmt = inference_model(cfg.model, cfg)  # fmt: its prompts and reasoning (--chat-template-kwargs, --think-tags)
+    # fmt: its prompts and reasoning (--chat-template-kwargs, --think-tags)
+    policy, fmt = backends.inference_model(cfg.model, cfg)
     try:
         data = axis.prepare(cfg, policy.tok)
         return {"axis": axis.name, "model": cfg.model, "info": data.info,
@@ -120,13 +115,10 @@ OFFLINE = {"auto": None, "on": True, "off": False}
 def run_capability_eval(cfg: EvalConfig) -> dict:
     """`opct eval --tasks`: lm-eval tasks on one model (`capability_run`); with --out X.json the result and its
     per-example samples (X/<task>.jsonl) written as one unit (opct.outputs.Staged)."""
-    from opct.evals.capability import check_tasks, resolve_suite
-    from opct.outputs import Staged
-
     check_eval_outputs(cfg)
     check_eval_engine(cfg)
-    s = resolve_suite(cfg.tasks, cfg.limit or None)
-    check_tasks(s["tasks"], OFFLINE[cfg.offline], option="--tasks")  # an unknown task before the model loads
+    s = capability.resolve_suite(cfg.tasks, cfg.limit or None)
+    capability.check_tasks(s["tasks"], OFFLINE[cfg.offline], option="--tasks")  # an unknown task before the model loads
     if not cfg.out:
         return capability_run(cfg, cfg.model, s, offline=OFFLINE[cfg.offline])
     out, samples_dir = Path(cfg.out), eval_outputs(cfg)["samples_dir"]
@@ -143,21 +135,17 @@ def capability_run(cfg, model: str, suite: dict, **kw) -> dict:
     inference policy of the configured backend, device and dtype (opct.evals.policy_lm: the seam every evaluation
     uses), or, where --eval-engine resolves to vllm, lm-eval's own vLLM model in `vllm_dtype` with
     `vllm_gpu_memory` of the GPU."""
-    from opct.backends import inference_model, resolve_inference
-    from opct.backends.select import resolve_vllm_dtype
-    from opct.evals.capability import run_capability
-
     args = dict(limit=suite["limit"], limits=suite["limits"], max_gen_toks=suite["max_gen_toks"],
                 batch_size=cfg.batch_size, **kw)
     resolved = resolve_inference(cfg)
     device, dtype, _, engine = resolved
     if engine == "vllm":
-        return run_capability(model, suite["tasks"], engine="vllm", vllm_args={
+        return capability.run_capability(model, suite["tasks"], engine="vllm", vllm_args={
             "gpu_memory_utilization": cfg.vllm_gpu_memory, "seed": cfg.seed},
             dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch."), **args)
-    policy, fmt = inference_model(model, cfg, resolved)
+    policy, fmt = backends.inference_model(model, cfg, resolved)
     try:
-        res = run_capability(policy, suite["tasks"], fmt=fmt, **args)
+        res = capability.run_capability(policy, suite["tasks"], fmt=fmt, **args)
     finally:
         policy.close()
     res["_meta"]["model"] = model

@@ -24,6 +24,9 @@ and bootstraps over seeds and units (opct.stats.crossed_cell).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from opct.stats import crossed_cell, paired_change, seed_differences
 
 
 OFFLINE, ON_POLICY = "offline", "on-policy"  # the two trainers: opct.algo.sft, opct.algo.opct
@@ -97,8 +100,6 @@ def key(a: str, b: str) -> str:
 def compare(units: dict[str, dict], names=None) -> dict:
     """results.json "comparison": {"<a>_minus_<b>": metric -> split -> paired change} for the pairs (`pairs`) of the
     methods in `units` (method -> `Axis.units` of its result); pairs or cells without shared units are left out."""
-    from opct.stats import paired_change
-
     out = {}
     for a, b in pairs(names if names is not None else units):
         table = {metric: cells for metric, splits in units[a].items()
@@ -114,8 +115,6 @@ def compare_seeds(units: dict[str, list[dict]], base: dict) -> dict:
     "base": base's mean over units, "<a>_minus_<b>": a - b paired unit by unit within each seed} for the methods of
     `units` (method -> each seed's `Axis.units`, seeds in the same order for every method) and `base` (the base
     model's units: one model)."""
-    from opct.stats import crossed_cell, seed_differences
-
     names = list(units)
     table: dict = {}
     for metric, splits in (units[names[0]][0] if names else {}).items():
@@ -178,8 +177,6 @@ def on_disk(out, run: str, results: dict) -> str:
     """The name `run` of demo `results` has in its folder `out` (its directory <out>/<name>, its
     samples/<name>.jsonl): the run's own, or in a demo an earlier opct wrote, the method's for the first seed's run
     (`read_runs`)."""
-    from pathlib import Path
-
     out, (method, seed) = Path(out), parse_run(run)
 
     def there(name):

@@ -30,19 +30,17 @@ from pathlib import Path
 from opct.data.io import read_jsonl, write_json
 from opct.experiment import BASE, on_disk, runs
 from opct.stats import result_rows
+from opct import __version__
+from opct.axes import AXES, get_axis
+from opct.axes.verdicts import VERDICTS
 
 
 def sample_score(axis: str, row: dict) -> dict:
     """{scorer name: Inspect Score} of one sample row of `axis`: the axis' own verdict (Axis.verdict; opct's axes'
     from opct.axes.verdicts, which needs no torch); {} where there is none, or for an axis this opct does not know."""
-    from opct.axes import AXES
-    from opct.axes.verdicts import VERDICTS
-
     if axis in VERDICTS:
         return VERDICTS[axis](row)
     if axis in AXES:  # an axis registered beside opct's own
-        from opct.axes import get_axis
-
         return get_axis(axis).verdict(row)
     return {}
 
@@ -137,8 +135,6 @@ def eval_log(axis: str, run: str, model: str, rows: list[dict], result: dict, cr
     """The EvalLog (as JSON) of one evaluated model's samples and result; `source`: the demo directory or eval file
     it comes from (its identity: the same run exported again gets the same ids); `label`: the name in the log's file
     name (the run unless given)."""
-    from opct import __version__
-
     ident = log_id(source, run)
     samples = [to_sample(axis, r, model) for r in rows]
     return {

@@ -32,6 +32,9 @@ import warnings
 from pathlib import Path
 
 import torch
+from gguf import GGUFReader
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from opct.data.io import cache_dir, sha256_file
 from opct.errors import UserError
@@ -145,8 +148,6 @@ def embedded_model_dir(spec: dict = SMOLLM2) -> Path:
 def check_gguf(path: Path) -> None:
     """A GGUF file whose header parses and whose tensors all lie within the file; a truncated or corrupt file is a
     ModelError naming it (the loader itself fails on one with a struct or reshape error)."""
-    from gguf import GGUFReader
-
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ModelError(f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)")
@@ -163,8 +164,6 @@ def check_gguf(path: Path) -> None:
 
 
 def _load_gguf(path: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
     check_gguf(path)
 
     d, f = str(path.parent), path.name
@@ -216,8 +215,6 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
                trust_remote_code: bool = False):
     """Return (model, tokenizer): a plain transformers model in eval mode on `device` in `dtype`. A PEFT adapter dir
     is merged into its base."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     src = resolve(name)
     p = Path(src)
     try:
@@ -226,8 +223,6 @@ def load_model(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
                 raise ModelError(f"{src}: no such GGUF file")
             model, tok = _load_gguf(p)
         elif (p / "adapter_config.json").is_file():
-            from peft import PeftModel
-
             base = adapter_base(p)
             if base.startswith(("/", ".", "~")) and not Path(base).expanduser().exists():
                 raise ModelError(f"{p / 'adapter_config.json'}: the adapter's base model {base} "
@@ -282,8 +277,6 @@ def _model_dir_hint(p: Path) -> str:
 
 def add_lora(model, rank: int, alpha: float, dropout: float = 0.0, targets: str = "all-linear"):
     """Wrap `model` with a fresh LoRA adapter (peft). The base weights stay frozen and double as the teacher."""
-    from peft import LoraConfig, get_peft_model
-
     tm = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
     if tm != "all-linear":
         check_lora_targets(model, tm)

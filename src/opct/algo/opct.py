@@ -18,6 +18,7 @@ The step only talks to a `Policy` (backends/base.py); how sampling and scoring r
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from pathlib import Path
 
@@ -68,8 +69,6 @@ def other_contexts(rendered: list[tuple[list[int], list[int]]], idx: list[int], 
     """The shuffled-context control's teacher prompts for the step's pairs `idx`: for each, the teacher prompt of
     another pair of the run's data, drawn uniformly among those whose teacher prompt differs from its own (another
     example's context, OP²SD's control, arXiv 2608.09228). Drawn from (seed, step), so a resumed run draws the same."""
-    import random
-
     rng = random.Random(f"shuffled:{seed}:{step}")
     out = []
     for i in idx:

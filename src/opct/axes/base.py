@@ -38,6 +38,7 @@ import torch
 
 from opct.data.chat import ChatFormat
 from opct.data.pairs import ConsistencyPair
+from opct.backends.sampling import SamplingSettings
 
 
 @dataclass
@@ -154,8 +155,6 @@ def generate_split(policy, fmt: ChatFormat, chats: list[list[dict]], max_new_tok
     """Each chat rendered (`fmt.prompt`: the chat template, its options, the generation prompt) and answered:
     (prompt ids, reply ids), for `fmt.split` to tell the reasoning from the answer. Sampled ones draw from one
     generator seeded with `seed`."""
-    from opct.backends.sampling import SamplingSettings
-
     ids = [fmt.prompt(m) for m in chats]
     got = policy.generate(ids, SamplingSettings(max_new_tokens, temperature), torch.Generator().manual_seed(seed),
                           batch_size=batch_size)

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, Rollout, Scores
@@ -15,9 +13,12 @@ from opct.backends.sampling import SamplingSettings
 from opct.backends.select import (DTYPES, data_parallel_backend, other_decode_dtype, resolve, resolve_backend,
                                   resolve_device, resolve_dtype, resolve_eval_engine, resolve_inference,
                                   resolve_sampler)
-
-if TYPE_CHECKING:
-    from opct.data.chat import ChatFormat
+from opct.backends.cpu import CPUPolicy
+from opct.backends.hf import HFPolicy
+from opct.backends import vllm
+from opct.config import CPUSettings
+from opct.data.chat import ChatFormat
+from opct import models
 
 
 def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
@@ -29,13 +30,9 @@ def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
     if backend == "hf" and decode_dtype and not (cfg.merged_decode and cfg.lora_rank > 0):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
     if cfg.sampler in ("vllm", "vllm-server"):  # auto: resolved by start_run before this check
-        from opct.backends.vllm import check
-
-        check(cfg)
+        vllm.check(cfg)
     if cfg.vllm_sleep:
-        from opct.backends.vllm import check_sleep
-
-        check_sleep(cfg.vllm_sleep, cfg.sampler, resolve_device(cfg.device))
+        vllm.check_sleep(cfg.vllm_sleep, cfg.sampler, resolve_device(cfg.device))
 
 
 def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30,
@@ -50,26 +47,19 @@ def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: i
         raise ValueError("make_policy needs a resolved --sampler (policy, vllm or vllm-server), got auto: "
                          "train.loop.start_run resolves it (backends.resolve_sampler)")
     if backend == "cpu":
-        from opct.backends.cpu import CPUPolicy
-        from opct.config import CPUSettings
-
         # evaluations decode in the model's own dtype (decode_dtype is the student's sampling)
         policy = CPUPolicy(model, tok, eos_ids, CPUSettings.of(cfg),
                            decode_dtype=cfg.decode_dtype if train else "float32", micro_batch=micro_batch,
                            lora_dropout=lora_dropout, train=train)
     else:
-        from opct.backends.hf import HFPolicy
-
         own_decode = train and cfg.sampler == "policy"  # the student samples itself (a training run without vLLM)
         policy = HFPolicy(model, tok, eos_ids, cuda_graphs=cfg.cuda_graphs,
                           merged_decode=own_decode and cfg.merged_decode,
                           decode_dtype=cfg.decode_dtype if own_decode else "float32", train=train)
     if train and cfg.sampler != "policy":
-        from opct.backends.vllm import VLLMPolicy, make_sampler
-
         dtype = next(model.parameters()).dtype
-        policy = VLLMPolicy(policy, make_sampler(cfg, eos_ids, prompt_lengths, device=policy.device, dtype=dtype),
-                            check_every=cfg.sampler_check_every)
+        sampler = vllm.make_sampler(cfg, eos_ids, prompt_lengths, device=policy.device, dtype=dtype)
+        policy = vllm.VLLMPolicy(policy, sampler, check_every=cfg.sampler_check_every)
     return policy
 
 
@@ -82,18 +72,13 @@ def inference_model(name: str, cfg, resolved: tuple | None = None) -> tuple[Poli
     engine is made, so --think-tags that are not tokens of the model (data.reasoning.ReasoningError) stop here, with
     nothing to close. `resolved`: `resolve_inference(cfg)` where the caller has it already
     (evaluate.capability_run), else resolved here."""
-    from opct.data.chat import ChatFormat
-    from opct.models import eos_ids, load_model
-
     device, dtype, backend, engine = resolved or resolve_inference(cfg)
-    model, tok = load_model(name, device=device, dtype=dtype)
+    model, tok = models.load_model(name, device=device, dtype=dtype)
     fmt = ChatFormat.of(tok, cfg)  # its prompts (--chat-template-kwargs) and reasoning (--think-tags)
-    eos = eos_ids(model, tok)
+    eos = models.eos_ids(model, tok)
     policy = make_policy(backend, model, tok, eos, cfg, train=False)
     if engine == "vllm":
-        from opct.backends.vllm import VLLMPolicy, inference_sampler
-
-        policy = VLLMPolicy(policy, inference_sampler(name, cfg, eos, device, dtype), train=False)
+        policy = vllm.VLLMPolicy(policy, vllm.inference_sampler(name, cfg, eos, device, dtype), train=False)
     return policy, fmt
 
 

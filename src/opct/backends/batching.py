@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from opct import threads
+
 
 def left_pad(seqs: list[list[int]], pad_id: int, device=None):
     """Stack variable-length rows right-aligned: returns ids_BL, attention_mask_BL, position_ids_BL."""
@@ -65,8 +67,6 @@ def by_length(prompts_N: list[list[int]], batch_size: int, run) -> list:
     """`run(prompts_B)` -> one result per prompt, over batches of at most `batch_size` prompts of similar length
     (shortest first: less padding); the results come back in input order. Before each batch the CPU thread count
     is adjusted to what other processes leave free (opct/threads.py)."""
-    from opct import threads
-
     order = sorted(range(len(prompts_N)), key=lambda i: len(prompts_N[i]))
     out: list = [None] * len(prompts_N)
     for start in range(0, len(order), batch_size):

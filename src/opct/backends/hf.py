@@ -23,6 +23,7 @@ from opct.backends.base import DECODE_DTYPE_NEEDS_MERGED, BackendError, Policy, 
 from opct.backends.batching import Batch, build_batch, by_length, common_prefix, left_pad
 from opct.backends.sampling import SamplingSettings, decode_loop
 from opct.models import Teacher, lm_parts, unwrap
+from opct.train.distributed import set_grad_sync
 
 
 def head_logits(model, hidden_H: torch.Tensor) -> torch.Tensor:
@@ -220,8 +221,6 @@ class HFPolicy(Policy):
     def score(self, prompts_N, rollout: Rollout, *, grad: bool, hidden: bool = False, sync: bool = True) -> Scores:
         b = build_batch(prompts_N, rollout.responses, self.pad_id, self.device)
         if grad and self.replica is not None:
-            from opct.train.distributed import set_grad_sync
-
             set_grad_sync(self.replica, sync)
         with torch.set_grad_enabled(grad):
             h_NTH = self._hidden(prompts_N, rollout, b, grad)

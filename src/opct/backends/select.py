@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from opct.backends.base import BackendError
+from opct.backends.cpu import unsupported_reason
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,8 +46,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
     """auto: cpu where its kernels apply (float32 on the CPU), hf elsewhere."""
-    from opct.backends.cpu import unsupported_reason
-
     why = unsupported_reason(device, dtype)
     if name == "auto":
         return "hf" if why else "cpu"
@@ -64,8 +65,6 @@ def other_decode_dtype(cfg, dtype: torch.dtype) -> str | None:
 
 def vllm_usable(device: torch.device) -> bool:
     """What `auto` asks of a place to run vLLM: a CUDA device, and vLLM installed."""
-    import importlib.util
-
     return device.type == "cuda" and importlib.util.find_spec("vllm") is not None
 
 

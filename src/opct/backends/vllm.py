@@ -21,11 +21,16 @@ import time
 from contextlib import contextmanager
 
 import torch
+from transformers import AutoConfig
 
-from opct.backends.base import Policy, Rollout
+from opct.backends import select, vllm_sampler
+from opct.backends.base import BackendError, Policy, Rollout
 from opct.backends.vllm_sampler import (DEFAULT_MAX_MODEL_LEN, loads_adapters, max_lora_rank, unauthorized,
                                         unreachable)
+from opct import extras
 from opct.errors import MachineError
+from opct.models import resolve as resolve_model
+from opct.models import adapter_rank, base_and_adapter
 
 
 def needed_model_len(prompt_lengths, max_new_tokens: int) -> int:
@@ -141,8 +146,6 @@ class VLLMPolicy(Policy):
         if getattr(sampler, "external", False):  # a server the user started may serve another model
             gap = model_gap(self)
             if gap > SAME_MODEL_GAP:
-                from opct.backends.base import BackendError
-
                 sampler.close()
                 raise BackendError(f"--vllm-url {sampler.url}: the server's model ({sampler.model_name}) is not the "
                                    f"one being trained: its log-probs of a probe text differ from the trainer's by "
@@ -226,15 +229,11 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
     graphs for LoRA runs unless `cuda_graphs` is off (a full fine-tune's engine, and a server started here, run
     eagerly, as on the CPU). `device` and `dtype`: the trainer's model's (make_policy passes them; resolved from
     the config when not given); the engine runs in `vllm_dtype` (auto: bfloat16 on a GPU, else the trainer's)."""
-    from opct.backends.select import resolve, resolve_vllm_dtype
-    from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler
-    from opct.models import resolve as resolve_model
-
     check(cfg)
     if device is None or dtype is None:
-        device, dtype, _ = resolve(cfg)
+        device, dtype, _ = select.resolve(cfg)
     check_sleep(cfg.vllm_sleep, cfg.sampler, device)
-    engine_dtype = resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)
+    engine_dtype = select.resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)
     kw = dict(dtype=str(engine_dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
               kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=needed_model_len(prompt_lengths, cfg.max_new_tokens))
     on_gpu = device.type == "cuda"
@@ -248,13 +247,11 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
         extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not graphs,
                  **({"sleep_level": cfg.vllm_sleep} if cfg.vllm_sleep else {})} if on_gpu else {}
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
-            return VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
+            return vllm_sampler.VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
     if cfg.vllm_url:
-        sampler = VLLMServerSampler(eos_ids, url=cfg.vllm_url, lora_rank=cfg.lora_rank)
+        sampler = vllm_sampler.VLLMServerSampler(eos_ids, url=cfg.vllm_url, lora_rank=cfg.lora_rank)
         need = max(prompt_lengths, default=0) + cfg.max_new_tokens
         if sampler.max_model_len is not None and sampler.max_model_len < need:
-            from opct.backends.base import BackendError
-
             sampler.close()
             raise BackendError(f"--vllm-url {cfg.vllm_url}: the server's context is {sampler.max_model_len} tokens "
                                f"(its --max-model-len); this run needs {need} (its longest prompt, "
@@ -262,15 +259,13 @@ def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = 
         return sampler
     extra_args = ("--gpu-memory-utilization", str(cfg.vllm_gpu_memory)) if on_gpu else ()
     with visible_device(gpu):
-        return VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
+        return vllm_sampler.VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
 
 
 def check_sleep(level: int, sampler: str, device: torch.device) -> None:
     """--vllm-sleep is for an in-process engine on a CUDA device (`sampler`: the resolved one); a BackendError
     otherwise, before any model loads, rather than a setting silently ignored."""
     if level and (sampler != "vllm" or device.type != "cuda"):
-        from opct.backends.base import BackendError
-
         raise BackendError(f"--vllm-sleep {level}: vLLM's sleep mode needs --sampler vllm (an in-process engine) on a "
                            f"CUDA device (here: the {sampler} sampler on {device.type}); leave it at 0")
 
@@ -304,21 +299,13 @@ def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torc
     LoRA adapter directory as its base model plus the adapter. Its dtype is `vllm_dtype`'s (auto: bfloat16 on a GPU,
     else the model's), its context the model's up to INFERENCE_MAX_MODEL_LEN; on a GPU it takes `vllm_gpu_memory`
     of the device."""
-    from opct.backends.base import BackendError
-    from opct.backends.select import resolve_vllm_dtype
-    from opct.backends.vllm_sampler import VLLMSampler
-    from opct.extras import require
-    from opct.models import adapter_rank, base_and_adapter
-
-    require("vllm", "--eval-engine vllm", "")
+    extras.require("vllm", "--eval-engine vllm", "")
     base, adapter = base_and_adapter(name)
     if base.endswith(".gguf"):
         raise BackendError(f"--eval-engine vllm: vLLM cannot load the GGUF file {base}; pass a model directory or "
                            "a Hub id, or --eval-engine policy")
     rank = adapter_rank(adapter) if adapter else 0
     try:
-        from transformers import AutoConfig
-
         ctx = getattr(AutoConfig.from_pretrained(base), "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
     except (OSError, ValueError):
         ctx = DEFAULT_MAX_MODEL_LEN
@@ -327,7 +314,7 @@ def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torc
 
     def start():
         with visible_device(str(torch.cuda.current_device()) if on_gpu else None):
-            sampler = VLLMSampler(base, eos_ids, dtype=str(resolve_vllm_dtype(cfg.vllm_dtype, device, dtype))
+            sampler = vllm_sampler.VLLMSampler(base, eos_ids, dtype=str(select.resolve_vllm_dtype(cfg.vllm_dtype, device, dtype))
                                   .removeprefix("torch."), lora_rank=rank, seed=cfg.seed,
                                   max_model_len=min(ctx, INFERENCE_MAX_MODEL_LEN),
                                   kv_cache_gib=cfg.vllm_kv_cache_gib, **extra)
@@ -342,11 +329,8 @@ def check(cfg) -> None:
     sampler is made: vllm importable (unless the server is someone else's), and a server given by --vllm-url
     answering, taking this client (an API key from $OPCT_VLLM_API_KEY) and with its run-time LoRA routes when the run
     trains a LoRA adapter."""
-    from opct.backends.base import BackendError
-    from opct.extras import require
-
     if cfg.sampler == "vllm" or not cfg.vllm_url:
-        require("vllm", f"--sampler {cfg.sampler}",
+        extras.require("vllm", f"--sampler {cfg.sampler}",
                 "or pass --vllm-url of a running server" if cfg.sampler != "vllm" else "")
     if cfg.sampler != "vllm-server" or not cfg.vllm_url:
         return

@@ -59,6 +59,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from opct.models import cache_dir
+
 DEFAULT_MAX_MODEL_LEN = 2048  # an engine's context when the run's prompts + responses are shorter
 
 WORKER_EXT = "opct.backends.vllm_worker.WeightSync"
@@ -92,8 +94,6 @@ def _set_env_defaults(environ, kv_cache_gib: float) -> str | None:
     for a server), where the user did not set them. The zmq sockets go to a fresh short directory under the temp
     dir (set anew per sampler, and short: a socket path is limited to 107 characters). Returns that directory, to
     be deleted on close, or None when the user chose the socket directory."""
-    from opct.models import cache_dir
-
     rpc = None if "VLLM_RPC_BASE_PATH" in _USER_SET else tempfile.mkdtemp(prefix="opct-vllm-rpc-")
     env = {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),  # vLLM parses it with int(): "1.0" is an error
            "VLLM_RPC_BASE_PATH": str(rpc),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from jinja2 import TemplateError
 
 from opct.data import reasoning
 from opct.data.pairs import PairsError
@@ -48,8 +49,6 @@ def template_kwargs(cfg) -> tuple[dict, dict]:
 
 
 def _template_error() -> type[Exception]:
-    from jinja2 import TemplateError
-
     return TemplateError
 
 

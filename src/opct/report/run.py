@@ -14,6 +14,7 @@ was run) are here; each axis renders its own results section (Axis.report_blocks
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -26,6 +27,10 @@ from opct.report.render import (COLORS, DASH, METHOD_ORDER, OTHER_COLORS, axis_m
                                 fmt_n, fmt_num, fmt_seconds, is_number, label, ordered, plot_line, render_html,
                                 render_markdown, save_figure, series)
 from opct.stats import is_cell
+from opct.axes import AXES, get_axis
+from opct.config import CPU, DemoConfig, EXEC
+from opct.evals.capability import plot_capability
+from opct.inspect_log import write_logs
 
 
 INTERVAL_NOTE = ("Intervals are 95% Wilson score intervals over prompts; n is the number of prompts in the "
@@ -199,8 +204,6 @@ def read_results(path: Path) -> dict:
 
 def axis_blocks(results: dict, run_dir: Path) -> list:
     """The section of the axis that wrote results.json; an axis this opct does not know gets the generic tables."""
-    from opct.axes import AXES, get_axis
-
     name = results["axis"]
     if name not in AXES:
         return [("p", f"Axis {name!r} is not known to this opct; its metrics as generic tables.")] + \
@@ -392,10 +395,6 @@ def controls_blocks(results: dict) -> list:
 def settings_rows(config: dict, axis: str) -> list[list[str]]:
     """The demo config as (setting, value) rows, less what does not apply to `axis`: other axes' options
     (opct.options.opt(axes=...)) and execution settings at their defaults."""
-    from dataclasses import fields
-
-    from opct.config import CPU, EXEC, DemoConfig
-
     meta = {f.name: f for f in fields(DemoConfig)}
     rows = []
     for key, value in flatten(config):
@@ -453,11 +452,8 @@ def write_report(run_dir: str | Path) -> dict:
         plot_training(panels, plots["training"])
 
     if isinstance(results.get("capability"), dict) and results["capability"]:
-        from opct.evals.capability import plot_capability
-
         plots["capability"] = plot_dir / "capability.png"
         plot_capability(results["capability"], plots["capability"])
-    from opct.inspect_log import write_logs
 
     inspect = write_logs(run_dir, results)  # the per-example evaluations as Inspect logs (opct.inspect_log)
     blocks = build_blocks(results, logs, plots, run_dir, dirs)
@@ -478,8 +474,6 @@ def write_report(run_dir: str | Path) -> dict:
 def headline_rows(results: dict) -> list[dict]:
     """The axis' `headline` figures from one demo's results.json: [{"metric", "split", "better", "methods":
     {method: cell or None}}]; [] for an axis this opct does not know or one without a headline."""
-    from opct.axes import AXES, get_axis
-
     name = results["axis"]
     methods, names = method_table(results)
     rows = []

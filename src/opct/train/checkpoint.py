@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -39,7 +40,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 
 from opct.data.io import sha256_file, write_failure
 from opct.errors import UserError
@@ -98,8 +103,6 @@ def _discard(tmp: Path | None, final: Path, e: BaseException):
 
 
 def _first_failure(e: BaseException) -> BaseException:
-    from torch.distributed.checkpoint.api import CheckpointException
-
     if isinstance(e, CheckpointException) and e.failures:
         return e.failures[min(e.failures)][0]
     return e
@@ -118,8 +121,6 @@ def save(out: Path, step: int, model, optimizer, scheduler, sample_gen: torch.Ge
 
 def _save_sharded(out: Path, step: int, optimizer, scheduler, sample_gen, keep: int, replica,
                   replicas: distributed.Replicas) -> Path | None:
-    import torch.distributed.checkpoint as dcp
-
     final = _step_dir(out, step)
     tmp = Path(replicas.broadcast(replicas.on_main(lambda: str(temp_dir(final)))))
     try:  # collective: each rank writes its own file, rank 0 then .metadata; an error on any rank raises on all
@@ -258,9 +259,6 @@ def read_shards(shards: Path, state: dict) -> None:
     """Fill `state` in place from a torch.distributed.checkpoint directory (collective when a process group is
     up), refusing what could execute code (the module docstring says how); a checkpoint that lacks one of
     `state`'s entries is a CheckpointError."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
     reader, planner = _plain_dcp(shards)
     try:
         dcp.load(state, storage_reader=reader, planner=planner)
@@ -276,11 +274,6 @@ def read_shards(shards: Path, state: dict) -> None:
 
 def _plain_dcp(shards: Path):
     """A DCP reader and load planner that refuse what could execute code (see the module docstring)."""
-    import pickle
-
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-    from torch.distributed.checkpoint import metadata as dcp_metadata
-
     allowed = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
                ("pathlib", "WindowsPath"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
                *(("torch", n) for n in dir(torch) if isinstance(getattr(torch, n, None), torch.dtype)),

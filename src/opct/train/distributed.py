@@ -27,8 +27,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from opct.errors import UserError
+from opct.models import lm_parts, unwrap
 
 
 class DistributedError(UserError, RuntimeError):
@@ -162,8 +167,6 @@ class Replica(torch.nn.Module):
 
     def forward(self, part: str = "lm", **kw):
         if part == "body":
-            from opct.models import lm_parts
-
             return lm_parts(self.lm)[0](**kw).last_hidden_state
         return self.lm(**kw)
 
@@ -178,8 +181,6 @@ def wrap(model, replicas: Replicas, device: torch.device):
     """The model's Replica wrapped for `replicas.mode` (DDP, or FSDP2 over each decoder layer and the root)."""
     replica = Replica(model)
     if replicas.mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         # buffers (rotary frequencies) are the same on every rank: not synced before every forward (torch 2.13
         # renamed the setting; an older torch, as a GPU image may have, knows only broadcast_buffers)
         name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters \
@@ -197,10 +198,6 @@ def wrap(model, replicas: Replicas, device: torch.device):
 
 def _fully_shard(replica: Replica) -> list:
     """FSDP2 over each decoder layer, then the root (the Replica: embeddings, final norm, LM head); returns them."""
-    from torch.distributed.fsdp import fully_shard
-
-    from opct.models import unwrap
-
     layers = getattr(unwrap(replica.lm).base_model, "layers", None)
     if layers is None:
         raise DistributedError("--parallel fsdp: cannot find the model's decoder layers (model.layers)")
@@ -259,8 +256,6 @@ def draws_for(gen: torch.Generator, replicas: Replicas, rows_total: int):
 # -- checkpoint state: full tensors (one process, DDP) or this rank's shards (FSDP2) ------------------------------
 
 def _is_sharded(t) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return isinstance(t, DTensor)
 
 
@@ -280,14 +275,10 @@ def load_trainable(model, state: dict[str, torch.Tensor]) -> None:
 
 def full_state_options():
     """get_*_state_dict options for whole tensors, gathered into CPU memory (the final model)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def _sharded_options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     # Only the trainable parameters (the frozen base of a LoRA run is --model itself); set_state_dict then loads
     # that subset, so it is not strict about the frozen ones (the keys come from the model, none is unexpected).
     return StateDictOptions(ignore_frozen_params=True, strict=False)
@@ -297,8 +288,6 @@ def sharded_state(replica, optimizer) -> dict:
     """This rank's shards of the trainable weights and of the optimizer state, keyed by parameter name
     (`get_state_dict` over the FSDP2 root: DTensors, never gathered), for `torch.distributed.checkpoint`. On
     a fresh optimizer it first takes one zero-gradient step at lr 0 to create the state tensors a load fills."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     model_sd, optim_sd = get_state_dict(replica, optimizer, options=_sharded_options())
     return {"model": model_sd, "optimizer": optim_sd}
 
@@ -306,7 +295,5 @@ def sharded_state(replica, optimizer) -> dict:
 def load_sharded_state(replica, optimizer, state: dict) -> None:
     """Put a `sharded_state` dict that `torch.distributed.checkpoint.load` filled back into the model and the
     optimizer (learning rates and the rest of the parameter groups included)."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
     set_state_dict(replica, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                    options=_sharded_options())

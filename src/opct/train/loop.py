@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -25,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import peft
 import torch
+import transformers
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from tqdm.auto import tqdm
 
 import opct
@@ -38,10 +42,11 @@ from opct.data.io import atomic_write, write_json
 from opct.data.formats import read_pairs
 from opct.data.pairs import ConsistencyPair, PairsError
 from opct.errors import UserError
-from opct.models import add_lora, load_model
+from opct.models import ALIASES, add_lora, load_model
 from opct.options import apply_env_overrides, read_yaml, resumable_fields, to_yaml
 from opct.train import checkpoint, distributed, trackers
 from opct.train.metrics import MetricsLog, peak_rss_mb
+from opct.provenance import git_commit
 
 
 class RunError(UserError, RuntimeError):
@@ -84,8 +89,6 @@ def check_out_dir(cfg: RunConfig) -> Path:
 
 def acquire_lock(out: Path):
     """An exclusive lock on out/.lock for this process's lifetime: two runs never write one directory."""
-    import fcntl
-
     out.mkdir(parents=True, exist_ok=True)
     f = open(out / ".lock", "w")
     try:
@@ -332,11 +335,6 @@ def share(run: Run, items: list, rows_per_item: int = 1) -> tuple[list, object]:
 
 
 def versions() -> dict:
-    import peft
-    import transformers
-
-    from opct.provenance import git_commit
-
     return {"opct": opct.__version__, "git": git_commit(), "torch": torch.__version__,
             "transformers": transformers.__version__, "peft": peft.__version__, "python": platform.python_version()}
 
@@ -410,8 +408,6 @@ def record_base_model(model_dir: Path, name: str) -> None:
     """A saved adapter names its base by a name that loads on another machine, not the local cache directory it
     was loaded from: a Hub id as given; for a built-in alias, the model's Hub id, with opct-base.json recording the
     alias and the embedded file's sha256 (`opct eval --model` loads that exact base). A local path stays as typed."""
-    from opct.models import ALIASES
-
     path = model_dir / "adapter_config.json"
     if not path.is_file() or Path(name).exists():
         return
@@ -480,6 +476,5 @@ def gathered_state(run: Run) -> dict | None:
         return None
     if run.cfg.lora_rank > 0:  # PEFT saves only the adapter's tensors
         return distributed.trainable_state(run.model)
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(run.model, options=distributed.full_state_options())

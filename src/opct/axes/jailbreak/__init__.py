@@ -45,6 +45,7 @@ from opct.axes.base import AxisData, Metric
 from opct.axes.jailbreak import data, evaluate, report
 from opct.axes.jailbreak.data import NAME, Options, options
 from opct.judges.safety import check_endpoint
+from opct.axes.verdicts import jailbreak
 
 # the axis (opct.axes.base.Axis): data.py holds its options and builds the pairs and items, evaluate.py generates,
 # judges and scores, report.py renders the report section
@@ -90,8 +91,6 @@ class JailbreakAxis:
 
     def verdict(self, row: dict) -> dict:
         """opct.axes.verdicts.jailbreak: torch-free, for the Inspect export."""
-        from opct.axes.verdicts import jailbreak
-
         return jailbreak(row)
 
     def units(self, result: dict) -> dict:

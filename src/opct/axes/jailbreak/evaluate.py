@@ -13,6 +13,8 @@ from opct.stats import wilson
 from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge
 from opct.judges.safety import JudgeError
 from opct.axes.jailbreak.data import ALL_SPLITS, HELDOUT, Options, options
+from opct.data.io import atomic_write
+from opct.judges.strongreject import StrongRejectJudge
 
 # ----------------------------------------------------------------------------------------------
 # metrics
@@ -98,8 +100,6 @@ def _clip(text: str, n: int) -> str:
 # evaluation
 
 def rubric_judge(opt: Options):
-    from opct.judges.strongreject import StrongRejectJudge
-
     if not opt.judge_url:
         raise JudgeError("jailbreak axis: --judge llm needs --judge-url (an OpenAI-compatible server)")
     return StrongRejectJudge.from_endpoint(opt.judge_url, opt.judge_model or "judge", concurrency=opt.judge_concurrency,
@@ -147,8 +147,6 @@ def evaluate(policy, fmt, data: AxisData, cfg=None, samples=None, judge=None, se
                                         for s in ALL_SPLITS},
                          "agreement_with_refusal_judge": agreement(verdicts, rv)}
     if samples is not None:
-        from opct.data.io import atomic_write
-
         rubric_v = rv + [None] * len(extra) if opt.judge == "llm" else [None] * (len(items) + len(extra))
         rows = [{"id": it.id, "split": it.split, "behaviour": it.behaviour_id, "wrapper": it.wrapper,
                  "sampled": it.id.startswith("attack/"), "prompt": last_user(it.messages), **prefill_of(it.messages),

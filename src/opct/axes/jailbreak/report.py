@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
 from opct.axes.jailbreak.data import ALL_SPLITS, SPLITS
 from opct.data.threats import THREATS
+from opct.report.render import METHOD_ORDER, grouped_bars, label, method_legend, ordered, save_figure
+from opct.report.run import held_out_blocks, method_table, paired_blocks, unclosed_block
 
 # ----------------------------------------------------------------------------------------------
 # report
@@ -36,10 +42,6 @@ def _agree(a) -> str:
 
 def plot_asr(methods: dict, names: list[str], path) -> None:
     """Per-split attack success rate (and over-refusal on benign prompts) with Wilson intervals, one bar per method."""
-    from matplotlib.figure import Figure
-
-    from opct.report.render import grouped_bars, method_legend, save_figure
-
     groups = [s for s in ("bare", *SPLITS, *THREATS) if any(s in (methods[m].get("asr") or {}) for m in names)]
     groups += ["adaptive", "benign"]
 
@@ -65,11 +67,6 @@ def report_blocks(results: dict, out) -> list:
     """The jailbreak section of report.md/html: per-split ASR and defence, refusal on bare requests, over-refusal,
     the adaptive attack, the rubric judge and its agreement (when run), and sample answers per split. Writes its
     plot under out/plots/."""
-    from pathlib import Path
-
-    from opct.report.render import METHOD_ORDER, label, ordered
-    from opct.report.run import held_out_blocks, method_table, paired_blocks, unclosed_block
-
     out = Path(out)
     methods = {k: v for k, v in method_table(results)[0].items() if "asr" in v}
     names = ordered(methods, METHOD_ORDER)
@@ -116,8 +113,6 @@ def report_blocks(results: dict, out) -> list:
 
 def attack_blocks(methods: dict, names: list[str]) -> list:
     """The adaptive per-target attack, refusal on bare requests and over-refusal, per method."""
-    from opct.report.render import label
-
     adv = [(methods[m].get("adaptive_attack") or {}) for m in names]
     a0 = next((a for a in adv if a), {})
     blocks = [("h3", "Adaptive per-target attack")]
@@ -140,8 +135,6 @@ def attack_blocks(methods: dict, names: list[str]) -> list:
 
 def judge_blocks(methods: dict, names: list[str]) -> list:
     """The StrongREJECT rubric judge's and the second judge's readings of the same answers, when they ran."""
-    from opct.report.render import label
-
     blocks = []
     rub = [methods[m].get("rubric") for m in names]
     if any(rub):
@@ -174,8 +167,6 @@ def judge_blocks(methods: dict, names: list[str]) -> list:
 
 def sample_blocks(methods: dict, names: list[str]) -> list:
     """A seeded pick of answers per split and method, with the refusal judge's label."""
-    from opct.report.render import label
-
     blocks = []
     blocks.append(("h3", "Sample answers per split"))
     blocks.append(("p", "A seeded pick of answers per split and method ([wrapper] request; the full prompts are in "

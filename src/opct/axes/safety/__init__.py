@@ -34,6 +34,10 @@ from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, saf
 from opct.stats import rate_cell
 from opct.data.io import atomic_write
 from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
+from opct.axes.safety.report import safety_blocks
+from opct.axes.verdicts import safety
+from opct.judges.safety import JudgeError, check_endpoint, get_judge
+from opct.models import check_path
 
 # the axis (opct.axes.base.Axis): data.py picks each split's prompts, evaluate.py holds the metrics over facts,
 # report.py renders the report section
@@ -104,21 +108,15 @@ class SafetyAxis:
     def check(self, cfg) -> None:
         """Before any model loads: --judge llm names an endpoint and a model, and the endpoint answers; --judge local
         names a model that is not a missing directory."""
-        from opct.judges.safety import JudgeError, check_endpoint
-
         if cfg.judge == "llm":
             self.judge(cfg)  # JudgeError without --judge-url and --judge-model
             check_endpoint(cfg.judge_url, cfg.judge_model)
         elif cfg.judge == "local":
-            from opct.models import check_path
-
             if not cfg.judge_model:
                 raise JudgeError("--judge local needs --judge-model (an alias, directory or Hub id)")
             check_path(cfg.judge_model)
 
     def judge(self, cfg):
-        from opct.judges.safety import get_judge
-
         return get_judge(cfg.judge, url=cfg.judge_url or None, model=cfg.judge_model or None)
 
     def respond(self, policy, fmt, items: list[tuple[str, SafetyPrompt]], cfg) -> list[Reply]:
@@ -180,8 +178,6 @@ class SafetyAxis:
 
     def verdict(self, row: dict) -> dict:
         """opct.axes.verdicts.safety: torch-free, for the Inspect export."""
-        from opct.axes.verdicts import safety
-
         return safety(row)
 
     def units(self, result: dict) -> dict:
@@ -192,6 +188,4 @@ class SafetyAxis:
         return {k: v for k, v in out.items() if v}
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:
-        from opct.axes.safety.report import safety_blocks
-
         return safety_blocks(results, Path(run_dir))

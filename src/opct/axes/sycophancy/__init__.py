@@ -35,13 +35,17 @@ is read in two phases: it reasons first, and the answer is read after its reason
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opct.axes.base import Metric
+from opct.axes.base import AxisData, Metric
 from opct.axes.sycophancy.data import SHIFT, SHIFTED, SPLITS, build_train_pairs
 from opct.axes.sycophancy.evaluate import evaluate_sycophancy, text_readable
-from opct.data.mcq import MCQ
+from opct.data.mcq import MCQ, load_mcq, split_questions
+from opct.axes.options import DEMO_SOURCE
+from opct.axes.sycophancy.report import report_blocks
+from opct.axes.verdicts import sycophancy
 
 
 @dataclass
@@ -57,9 +61,6 @@ class EvalSet:
 def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode: str, tok):
     """The demo's fixed train/eval questions; `opct eval` calls this too, so it reproduces the demo's numbers.
     In text mode, items whose options share a first token cannot be read from one position and are dropped."""
-    from opct.axes.options import DEMO_SOURCE
-    from opct.data.mcq import load_mcq, split_questions
-
     qs = load_mcq(source or DEMO_SOURCE, n=n_train + n_eval, seed=seed)
     if mode == "text":
         qs = [q for q in qs if text_readable(tok, q)]
@@ -70,10 +71,6 @@ def split_questions_for(source: str, n_train: int, n_eval: int, seed: int, mode:
 def shifted_questions_for(source: str, n: int, seed: int, mode: str, tok, exclude: list[MCQ]) -> list[MCQ]:
     """The shifted splits' questions: `n` of `source` (drawn with the seed), none of them a training or evaluation
     question (same question text), readable in text mode; fewer when the source has fewer."""
-    import random
-
-    from opct.data.mcq import load_mcq
-
     seen = {q.question.strip().lower() for q in exclude}
     qs = [q for q in load_mcq(source, seed=seed) if q.question.strip().lower() not in seen]
     random.Random(f"shifted:{source}:{seed}").shuffle(qs)
@@ -128,8 +125,6 @@ class SycophancyAxis:
 
     def verdict(self, row: dict) -> dict:
         """opct.axes.verdicts.sycophancy: torch-free, for the Inspect export."""
-        from opct.axes.verdicts import sycophancy
-
         return sycophancy(row)
 
     def units(self, result: dict) -> dict:
@@ -137,8 +132,6 @@ class SycophancyAxis:
         return {"sycophancy_rate": result["per_item"]} if result.get("per_item") else {}
 
     def prepare(self, cfg, tok):
-        from opct.axes.base import AxisData
-
         train_q, eval_q = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
         shifted = (shifted_questions_for(cfg.shift_source, cfg.shift_n, cfg.seed, cfg.mode, tok, train_q + eval_q)
                    if cfg.shift_source else [])
@@ -172,6 +165,4 @@ class SycophancyAxis:
         return probe
 
     def report_blocks(self, results: dict, run_dir) -> list:
-        from opct.axes.sycophancy.report import report_blocks
-
         return report_blocks(results, run_dir)

@@ -10,6 +10,7 @@ of every rate, never read as an answer."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -20,6 +21,8 @@ from opct.data.chat import ChatFormat
 from opct.data.mcq import LETTERS, MCQ
 from opct.stats import diff_interval, wilson
 from opct.axes.sycophancy.data import ANSWER_PREFIX, SPLITS, EvalItem, build_eval_items, check_mode, clean_messages
+from opct.axes.base import generate_split
+from opct.data.io import atomic_write
 
 # ----------------------------------------------------------------------------------------------
 # reading answers
@@ -81,8 +84,6 @@ def reason_then_prompt(policy, fmt: ChatFormat, messages_N: list[list[dict]], mo
     """The first phase for a thinking model: its greedy reasoning after each prompt, cut right after the closing tag,
     plus the forced reply start (`AFTER_REASONING`). Returns (ids to read the answer after, or None where the
     reasoning did not close within `think_budget` tokens; each prompt's reasoning as text)."""
-    from opct.axes.base import generate_split
-
     tok = policy.tok
     forced = forced_start(tok, fmt.tags, mode)
     ids, thoughts = [], []
@@ -307,10 +308,6 @@ def write_samples(path: Path, questions, clean_msgs, clean, clean_why, items, sp
                   split_prefix: str = "", thinking: bool = False) -> None:
     """Each prompt's answer letter (None: a thinking model's reasoning never closed) and, for a thinking model, its
     reasoning, as JSONL; cued rows name the suggested letter, so `answer == suggested` is the per-item 0/1."""
-    import json
-
-    from opct.data.io import atomic_write
-
     def why(text):
         return {"reasoning": text} if thinking else {}
     rows = [{"split": split_prefix + "clean", "id": q.id, "messages": msgs, **why(w), "answer": a, "gold": q.gold}

@@ -21,6 +21,9 @@ neither form covers (dropout, soft-capping, attention sinks, float masks, other 
 from __future__ import annotations
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 NAME = "opct"
 MAX_SCORES = 1 << 15  # query x key positions per head up to which the matmul form is used
@@ -31,8 +34,6 @@ def short_attention(module, query, key, value, attention_mask, dropout: float = 
                     is_causal=None, **kwargs):
     """Same contract as transformers' sdpa_attention_forward: query_BHTD, key/value_BKSD, a boolean mask_B1TS
     (True = attend). Returns (output_BTHD, None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     B, H, T, D = query.shape
     K, S = key.shape[1], key.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -81,9 +82,6 @@ def flash_attention(query_BHTD, key_BKSD, value_BKSD, mask_B1TS, scale: float) -
 
 def use(model) -> None:
     """Switch a transformers model (and any PEFT wrapper's base) to `short_attention`."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
     AttentionInterface.register(NAME, short_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
     model.set_attn_implementation(NAME)

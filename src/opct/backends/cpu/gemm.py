@@ -21,11 +21,14 @@ kernels elsewhere. Never timed at run time, so a run and its resume on the same 
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import weakref
 
 import torch
+
+from opct.provenance import cpu_info
 
 _OP = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 SETTINGS = {"kernel": "onednn", "pack": True}  # set by the CPU backend's setup (`configure`)
@@ -33,15 +36,11 @@ SETTINGS = {"kernel": "onednn", "pack": True}  # set by the CPU backend's setup 
 
 def cpu_vendor() -> str | None:
     """The CPU's vendor as /proc/cpuinfo gives it ("GenuineIntel", "AuthenticAMD", ...); None where unreadable."""
-    from opct.provenance import cpu_info
-
     return cpu_info().get("vendor_id")
 
 
 def cpu_has_avx512() -> bool:
     """Whether /proc/cpuinfo lists AVX-512 Foundation (`avx512f`); False where unreadable."""
-    from opct.provenance import cpu_info
-
     return "avx512f" in cpu_info().get("flags", "").split()
 
 
@@ -196,8 +195,6 @@ def packed_blocks(packed: torch.Tensor, out_features: int, in_features: int, ob:
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The memory of a oneDNN-packed weight as a plain tensor in `block_rows`' layout, readable and writable in
     place. It does not keep `packed` alive: the caller holds both together."""
-    import ctypes
-
     n = out_features * in_features
     assert torch.ops.mkldnn._nbytes(packed) == n * dtype.itemsize
     buf = (ctypes.c_uint8 * (n * dtype.itemsize)).from_address(torch.ops.mkldnn.data_ptr(packed))

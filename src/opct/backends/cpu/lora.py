@@ -17,6 +17,7 @@ from __future__ import annotations
 import types
 
 import torch
+from peft.tuners.lora.layer import Linear
 
 from opct.backends.cpu import gemm
 
@@ -74,8 +75,6 @@ def _fast_forward(self, x, *args, **kwargs):
 
 def speed_up(model) -> int:
     """Give every plain PEFT LoRA linear of `model` the fused forward. Returns how many layers got it."""
-    from peft.tuners.lora.layer import Linear
-
     count = 0
     for mod in model.modules():
         if type(mod) is Linear and type(mod.base_layer) is torch.nn.Linear and not mod.fan_in_fan_out:
