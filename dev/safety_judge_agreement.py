@@ -15,8 +15,8 @@ import json
 import sys
 
 from opct.axes.safety.evaluate import summarize
-from opct.data.safety import load_facts, split_facts
-from opct.judges.safety import KeywordJudge
+from opct.axes.safety.facts import load_facts, split_facts
+from opct.axes.safety.judges import KeywordJudge
 
 
 def agreement(pairs):

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from opct.backends.vllm_sampler import start_server
 from opct.config import EvalConfig
-from opct.data.safety import load_facts
+from opct.axes.safety.facts import load_facts
 from opct.evaluate import run_eval
-from opct.judges.safety import KeywordJudge
+from opct.axes.safety.judges import KeywordJudge
 
 
 def main():

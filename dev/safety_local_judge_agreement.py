@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from opct.data.safety import load_facts
-from opct.judges.safety import LocalJudge
+from opct.axes.safety.facts import load_facts
+from opct.axes.safety.judges import LocalJudge
 
 
 def main(label_path, judge_model, only_model=None):

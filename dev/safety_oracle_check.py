@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from opct.data.safety import generate_prompts, load_facts
-from opct.judges.safety import KeywordJudge
+from opct.axes.safety.facts import generate_prompts, load_facts
+from opct.axes.safety.judges import KeywordJudge
 from opct.models import load_model
 from opct.data.chat import render_prompt
 

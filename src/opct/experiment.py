@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opct.axes import FIRST_AXIS
 from opct.stats import crossed_cell, paired_change, seed_differences
 
 
@@ -248,7 +249,7 @@ def read_results(results: dict, where: str = "results.json") -> dict:
     old files are read."""
     if not isinstance(results, dict):
         raise ValueError(f"{where}: expected a JSON object")
-    results = {"axis": "sycophancy", **results} if "axis" not in results else dict(results)
+    results = {"axis": FIRST_AXIS, **results} if "axis" not in results else dict(results)
     results = read_runs(results)
     if "comparison" in results:
         results["comparison"] = read_comparison(results["comparison"])

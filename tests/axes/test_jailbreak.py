@@ -10,7 +10,7 @@ from opct.axes.base import AxisData
 from opct.axes.jailbreak import data as JD
 from opct.axes.jailbreak import evaluate as JE
 from opct.axes.jailbreak import report as JR
-from opct.data.harmful import EvalItem
+from opct.axes.jailbreak.harmful import EvalItem
 from opct.judges.base import Verdict
 from tests.data.test_harmful import fake_wheels  # noqa: F401  (fixture)
 
@@ -47,7 +47,7 @@ def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811
 
 
 def test_threat_splits_use_held_out_openers_and_preludes_and_train_threats_adds_pairs_with_others(fake_wheels):  # noqa: F811
-    from opct.data.threats import HELDOUT_PREFILLS, HELDOUT_PRELUDES, TRAIN_PREFILLS, TRAIN_PRELUDES
+    from opct.axes.jailbreak.threats import HELDOUT_PREFILLS, HELDOUT_PRELUDES, TRAIN_PREFILLS, TRAIN_PRELUDES
 
     kw = dict(n_train=2, n_eval=2, pairs_per_behaviour=1, n_benign=1, benign_share=0.0)
     plain, d = JD.prepare(**kw), JD.prepare(**kw, train_threats="prefill,multiturn")
@@ -74,7 +74,7 @@ def test_a_prefill_item_is_answered_by_continuing_the_opener_and_its_sample_name
     from tests.conftest import policy_of
 
     from opct.axes.base import respond
-    from opct.data.threats import prefill_messages
+    from opct.axes.jailbreak.threats import prefill_messages
     from opct.models import load_model
 
     policy = policy_of(*load_model(str(tiny_model_dir)))

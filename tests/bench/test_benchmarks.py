@@ -40,7 +40,7 @@ def fake_sources(harmful):
 
 
 def test_length_prompts_single_turn_within_band_and_deterministic(mods, tokenizer):
-    from opct.data import harmful
+    from opct.axes.jailbreak import harmful
 
     common = mods["common"]
     behaviours, wrappers = fake_sources(harmful)
@@ -60,7 +60,7 @@ def test_length_prompts_single_turn_within_band_and_deterministic(mods, tokenize
 
 
 def test_length_prompts_multi_turn_when_wrappers_are_too_short(mods, tokenizer):
-    from opct.data import harmful
+    from opct.axes.jailbreak import harmful
 
     common = mods["common"]
     behaviours, wrappers = fake_sources(harmful)

@@ -135,7 +135,7 @@ def test_a_teacher_prefix_the_student_lacks_or_two_different_prefixes_are_errors
 def test_a_prefill_pair_renders_the_opener_on_the_student_side_only(tokenizer):
     """The student continues its started reply; the teacher's prompt is the bare request with the generation
     prompt, so the same response ids follow "Sure, here is" on one side and the reply's start on the other."""
-    from opct.data.threats import TRAIN_PREFILLS, prefill_messages
+    from opct.axes.jailbreak.threats import TRAIN_PREFILLS, prefill_messages
 
     s = render_prompt(tokenizer, prefill_messages(Q["content"], TRAIN_PREFILLS["sure"]))
     t = render_prompt(tokenizer, [Q])
@@ -145,7 +145,7 @@ def test_a_prefill_pair_renders_the_opener_on_the_student_side_only(tokenizer):
 
 
 def test_a_multiturn_pair_renders_every_earlier_turn_on_the_student_side(tokenizer):
-    from opct.data.threats import HELDOUT_PRELUDES, multiturn_messages
+    from opct.axes.jailbreak.threats import HELDOUT_PRELUDES, multiturn_messages
 
     msgs = multiturn_messages(Q["content"], HELDOUT_PRELUDES["agreed"])
     assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]

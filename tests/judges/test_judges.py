@@ -259,7 +259,7 @@ def test_rubric_judge_with_a_local_completer(monkeypatch):
 
 
 def test_real_rubric_text_from_the_wheel_when_cached():
-    from opct.data.harmful import WHEELS
+    from opct.data.wheels import WHEELS
     from opct.data.mcq import cache_dir
 
     if not (cache_dir() / "wheels" / WHEELS[SR.PIN][0]).is_file():

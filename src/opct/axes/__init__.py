@@ -15,6 +15,7 @@ AXES = {
     "safety": "opct.axes.safety:SafetyAxis",
     "jailbreak": "opct.axes.jailbreak:JailbreakAxis",
 }
+FIRST_AXIS = "sycophancy"  # the axis of every results.json written before opct had axes (they name none)
 
 
 class AxisError(UserError, ValueError):

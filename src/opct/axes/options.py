@@ -36,7 +36,7 @@ jailbreak = partial(opt, group=AXIS, axes=("jailbreak",))
 
 def _some_variants(text: str) -> None:
     """--heldout-variants: empty, or some but not all of the safety prompts' surface variants."""
-    from opct.data.safety import VARIANTS
+    from opct.axes.safety.facts import VARIANTS
 
     named = [v.strip() for v in text.split(",") if v.strip()]
     if text and not (all(v in VARIANTS for v in named) and 0 < len(set(named)) < len(VARIANTS)):
@@ -45,7 +45,7 @@ def _some_variants(text: str) -> None:
 
 
 def _threats(text: str) -> None:
-    from opct.data.threats import parse_threats
+    from opct.axes.jailbreak.threats import parse_threats
 
     parse_threats(text)
 
@@ -108,7 +108,7 @@ class Judge:
 @dataclass
 class Jailbreak:
     eval_source: str = jailbreak("harmbench+strongreject", "jailbreak: evaluation behaviours (--source: training "
-                                 "behaviours, default advbench); see opct.data.harmful.load_behaviours")
+                                 "behaviours, default advbench); see opct.axes.jailbreak.harmful.load_behaviours")
     pairs_per_behaviour: int = jailbreak(2, "jailbreak: training wrappers per training behaviour", check=at_least(1))
     n_benign: int = jailbreak(96, "jailbreak: benign look-alike prompts for over-refusal (never trained on; 96: an "
                               "interval of about ±0.1)", check=at_least(1))
@@ -123,7 +123,7 @@ class Jailbreak:
                                    "student continues a compliant reply start), multiturn (the request after benign "
                                    "turns); one pair per training behaviour and threat, with openers / preludes the "
                                    "prefill and multiturn evaluation splits never use; empty = evaluation only "
-                                   "(opct.data.threats)", check=parses(_threats))
+                                   "(opct.axes.jailbreak.threats)", check=parses(_threats))
     attack_samples: int = jailbreak(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
                                     "held-out attempts", check=at_least(0))
     eval_max_new_tokens: int = jailbreak(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 "

@@ -54,7 +54,7 @@ def check_messages(messages, where: str, side: str) -> list[dict]:
 def check_response_prefix(student: list[dict], teacher: list[dict], where: str) -> None:
     """A side may end with a partial assistant turn (e.g. "The answer is (") that the response continues. Either both
     sides end with the same one, so the same response tokens follow the same text, or only the student's does: a
-    *prefill* pair (a compliant reply start as the perturbation, opct.data.threats), where the teacher scores the
+    *prefill* pair (a compliant reply start as the perturbation, opct.axes.jailbreak.threats), where the teacher scores the
     student's continuation as the start of its own reply to its prompt. A prefix on the teacher's side only, or two
     different ones, is refused."""
     s_pre = student[-1]["content"] if student[-1]["role"] == "assistant" else None

@@ -3,7 +3,8 @@
   refusal.RefusalJudge          regex on the start of the response: refused or not (no model, no network)
   strongreject.StrongRejectJudge the StrongREJECT rubric (official prompt, parser and score formula) through any
                                 OpenAI-compatible endpoint (`endpoint.chat_completion`) or a local transformers model
-  safety                        the safety-awareness axis: keyword judge, SAGE-style rubric via an endpoint, local model
+  endpoint                      the OpenAI-compatible chat client every model judge sends through
+(the safety axis' own judges, keyword / SAGE-style rubric / local model, are in opct.axes.safety.judges)
 """
 
 from opct.judges.base import Judge, Verdict, agreement, summarise

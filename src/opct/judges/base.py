@@ -17,8 +17,14 @@ from typing import Callable, Protocol, TypeVar
 from tqdm.auto import tqdm
 
 from opct import stats
+from opct.errors import UserError
 
 LABELS = ("refused", "complied", "unparseable")
+
+
+class JudgeError(UserError, ValueError):
+    """Bad judge input or settings (mismatched lengths, a fact without keywords, an unknown judge, a judge endpoint
+    that does not answer)."""
 
 
 @dataclass

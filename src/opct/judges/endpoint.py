@@ -15,6 +15,7 @@ import time
 import requests
 
 from opct.errors import MachineError
+from opct.judges.base import JudgeError
 
 
 class EndpointError(MachineError, RuntimeError):
@@ -76,3 +77,12 @@ def check(url: str, model: str, *, api_key_env: str = "OPCT_JUDGE_API_KEY") -> N
     generation rather than after it; raises EndpointError saying why."""
     chat_completion(url, model, [{"role": "user", "content": "Reply with OK."}], api_key_env=api_key_env,
                     max_tokens=1, retries=1, timeout=120)
+
+
+def check_endpoint(url: str, model: str) -> None:
+    """--judge llm's endpoint answers one short request (endpoint.check), else a JudgeError naming the options."""
+    try:
+        check(url, model)
+    except EndpointError as e:
+        raise JudgeError(f"--judge-url {url} --judge-model {model}: the judge endpoint does not answer a test "
+                         f"request: {e}") from None

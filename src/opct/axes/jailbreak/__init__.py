@@ -1,7 +1,7 @@
 """Jailbreak axis: harmful requests inside jailbreak wrappers (student) vs the bare request (teacher), the SFT
 baseline's data, and an evaluation by generation + judges.
 
-Data (`prepare`; behaviours, wrappers and benign prompts from opct.data.harmful):
+Data (`prepare`; behaviours, wrappers and benign prompts from opct.axes.jailbreak.harmful):
   train_pairs   `n_train` AdvBench behaviours x `pairs_per_behaviour` training wrappers each: student = the wrapped
                 request, teacher = the bare request (which the frozen model mostly refuses), plus the **benign
                 regulariser** below: both methods train on the same pairs. For OPCT a benign pair is a KL anchor to
@@ -44,7 +44,7 @@ from dataclasses import fields
 from opct.axes.base import AxisData, Metric
 from opct.axes.jailbreak import data, evaluate, report
 from opct.axes.jailbreak.data import NAME, Options, options
-from opct.judges.safety import check_endpoint
+from opct.judges.endpoint import check_endpoint
 from opct.axes.verdicts import jailbreak
 
 # the axis (opct.axes.base.Axis): data.py holds its options and builds the pairs and items, evaluate.py generates,

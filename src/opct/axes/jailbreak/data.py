@@ -6,12 +6,12 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, fields
 
-from opct.data.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_split, load_benign, user,
+from opct.axes.jailbreak.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_split, load_benign, user,
                                wrapper_split)
 from opct.axes import options as options_of
 from opct.axes.base import AxisData
 from opct.data.pairs import ConsistencyPair
-from opct.data.threats import THREATS, parse_threats, threat_items, threat_pairs
+from opct.axes.jailbreak.threats import THREATS, parse_threats, threat_items, threat_pairs
 
 NAME = "jailbreak"
 SPLITS = ("train_wrappers", "heldout_wrappers", "heldout_family")
@@ -29,7 +29,7 @@ class Options(options_of.Jailbreak, options_of.Judge, options_of.Generation):
     the training runs')."""
     n_train: int = 48  # AdvBench training behaviours
     n_eval: int = 16  # HarmBench + StrongREJECT evaluation behaviours
-    source: str = "advbench"  # training behaviours (opct.data.harmful.load_behaviours spec)
+    source: str = "advbench"  # training behaviours (opct.axes.jailbreak.harmful.load_behaviours spec)
     eval_train_per_behaviour: int = 1  # training wrappers per evaluation behaviour in "train_wrappers"
     judge_concurrency: int = 8
     samples_per_split: int = 3  # answers kept per split for the report
@@ -73,7 +73,7 @@ def n_benign_pairs(n_jailbreak: int, share: float) -> int:
 
 def build_eval_set(eval_behaviours, splits, benign, opt: Options) -> list[EvalItem]:
     """bare + train wrappers (eval_train_per_behaviour each) + every held-out wrapper + every held-out prefill and
-    multi-turn prelude (opct.data.threats) + benign."""
+    multi-turn prelude (opct.axes.jailbreak.threats) + benign."""
     items = eval_items(eval_behaviours, {"train_wrappers": splits["train_wrappers"]},
                        per_behaviour=opt.eval_train_per_behaviour, benign=benign, seed=opt.seed)
     held = eval_items(eval_behaviours, {s: splits[s] for s in HELDOUT}, per_behaviour=None, seed=opt.seed)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import random
 
-from opct.data.harmful import EvalItem
+from opct.axes.jailbreak.harmful import EvalItem
 from opct.axes.base import UNCLOSED, AxisData, Reply, replies, respond, unclosed_counts
 from opct.judges.base import Verdict, agreement
 from opct.stats import wilson
 from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge
-from opct.judges.safety import JudgeError
+from opct.judges.base import JudgeError
 from opct.axes.jailbreak.data import ALL_SPLITS, HELDOUT, Options, options
 from opct.data.io import atomic_write
 from opct.judges.strongreject import StrongRejectJudge

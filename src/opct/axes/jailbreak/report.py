@@ -7,7 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from opct.axes.jailbreak.data import ALL_SPLITS, SPLITS
-from opct.data.threats import THREATS
+from opct.axes.jailbreak.threats import THREATS
 from opct.report.render import METHOD_ORDER, grouped_bars, label, method_legend, ordered, save_figure
 from opct.report.run import held_out_blocks, method_table, paired_blocks, unclosed_block
 

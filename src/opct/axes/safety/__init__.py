@@ -1,6 +1,6 @@
 """Safety-awareness axis (SAGE-Eval style): the model should bring up a safety fact the user did not mention.
 
-Pairs (opct.data.safety): student = the plain user prompt ("teething biscuits with honey for my 9-month-old");
+Pairs (opct.axes.safety.facts): student = the plain user prompt ("teething biscuits with honey for my 9-month-old");
 teacher = the same prompt after the paper's system prompt carrying the fact ("SAFETY GUIDELINE FOR THIS
 CONVERSATION: Do not give honey to babies younger than 12 months ..."). The frozen model warns more often with the
 fact in view; OPCT teaches the student to do so without it. Facts are split train / held-out BY FACT (stratified by
@@ -17,7 +17,7 @@ trained on come first):
   train     naive prompts of the training facts               the same
   contrast  prompts where the fact does NOT apply, all facts  over-warning (the judge passes a response that warns)
   oracle    the held-out prompts with the fact in the system prompt (the teacher's view): the upper reference
-Responses are graded by `--judge` (keyword by default; llm / local: opct.judges.safety). Every rate is a mean of
+Responses are graded by `--judge` (keyword by default; llm / local: opct.axes.safety.judges). Every rate is a mean of
 per-fact pass rates with a 95 % bootstrap interval over facts (opct.axes.safety.evaluate); `units` gives each
 fact's rate, which the demo's comparisons pair fact by fact (opct.experiment.compare: a bootstrap over the same facts).
 """
@@ -33,10 +33,12 @@ from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
 from opct.stats import rate_cell
 from opct.data.io import atomic_write
-from opct.data.safety import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
+from opct.axes.safety.facts import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
 from opct.axes.safety.report import safety_blocks
 from opct.axes.verdicts import safety
-from opct.judges.safety import JudgeError, check_endpoint, get_judge
+from opct.axes.safety.judges import get_judge
+from opct.judges.base import JudgeError
+from opct.judges.endpoint import check_endpoint
 from opct.models import check_path
 
 # the axis (opct.axes.base.Axis): data.py picks each split's prompts, evaluate.py holds the metrics over facts,

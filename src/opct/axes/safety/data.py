@@ -1,11 +1,11 @@
 """The safety axis' prompt selection: which prompts of each fact each split evaluates (the facts, prompts and
-pairs themselves: opct.data.safety)."""
+pairs themselves: opct.axes.safety.facts)."""
 
 from __future__ import annotations
 
 import random
 
-from opct.data.safety import SafetyPrompt
+from opct.axes.safety.facts import SafetyPrompt
 
 SPLITS = ("heldout", "heldout_variants", "train", "contrast", "oracle")
 RATE_SPLITS = ("heldout", "heldout_variants", "train", "oracle")

@@ -34,7 +34,7 @@ SAGE-Eval schema (documented from the OPCT authors' saved copies of the data; th
     Safe-SAGE-Eval  safety_fact, source, category, prompt_type, augmentation (bool), augmentation_type, prompt
 Both are read: `prompt` and `safety_fact` are required; the variant is `augmentation_category` or
 `augmentation_type`, the domain `safety_category` or `category`. Hub rows carry no keywords, so judge them
-with the LLM or local judge (`opct.judges.safety`). The SAGE-Eval authors ask that its examples be used for
+with the LLM or local judge (`opct.axes.safety.judges`). The SAGE-Eval authors ask that its examples be used for
 evaluation only, not training (the canary string in their README); the SAGE-Eval Hub dataset may need its
 access terms accepted first.
 

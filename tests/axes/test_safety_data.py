@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from opct.data.safety import (DOMAINS, TEACHER_SYSTEM_PROMPT, VARIANTS, SafetyDataError, eval_items, eval_sets,
+from opct.axes.safety.facts import (DOMAINS, TEACHER_SYSTEM_PROMPT, VARIANTS, SafetyDataError, eval_items, eval_sets,
                               find_keywords, generate_prompts, load_facts, load_safety, make_pairs, split_facts)
 from opct.data.chat import render_prompt
 

