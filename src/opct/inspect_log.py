@@ -36,8 +36,11 @@ from opct.axes.verdicts import VERDICTS
 
 
 def sample_score(axis: str, row: dict) -> dict:
-    """{scorer name: Inspect Score} of one sample row of `axis`: the axis' own verdict (Axis.verdict; opct's axes'
-    from opct.axes.verdicts, which needs no torch); {} where there is none, or for an axis this opct does not know."""
+    """{scorer name: Inspect Score} of one sample row of `axis`: the verdict the row carries (opct.axes.base.
+    write_samples), or for a row an earlier opct wrote the axis' own (Axis.verdict; opct's axes' from
+    opct.axes.verdicts, which needs no torch); {} where there is none, or for an axis this opct does not know."""
+    if isinstance(row.get("verdict"), dict):
+        return row["verdict"]
     if axis in VERDICTS:
         return VERDICTS[axis](row)
     if axis in AXES:  # an axis registered beside opct's own
@@ -67,7 +70,7 @@ def to_sample(axis: str, row: dict, model: str) -> dict:
             "target": str(row.get("gold") or ""), "messages": [*inp, reply],
             "output": {"model": model, "choices": [{"message": reply, "stop_reason": "stop"}], "completion": out},
             "scores": sample_score(axis, row) or None,
-            "metadata": {k: v for k, v in row.items() if k not in ("messages", "response")}}
+            "metadata": {k: v for k, v in row.items() if k not in ("messages", "response", "verdict")}}
 
 
 def result_scores(result: dict) -> list[dict]:

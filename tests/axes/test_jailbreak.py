@@ -12,7 +12,7 @@ from opct.axes.jailbreak import evaluate as JE
 from opct.axes.jailbreak import report as JR
 from opct.axes.jailbreak.harmful import EvalItem
 from opct.judges.base import Verdict
-from tests.data.test_harmful import fake_wheels  # noqa: F401  (fixture)
+from tests.axes.test_harmful import fake_wheels  # noqa: F401  (fixture)
 
 
 def test_prepare_pairs_regulariser_and_eval_splits(fake_wheels):  # noqa: F811

@@ -83,3 +83,10 @@ def test_every_axis_evaluates_the_same_on_hf_and_cpu(tiny_model_dir, tmp_path, a
     assert runs["hf"] == runs["cpu"]
     res, samples = runs["cpu"]
     assert res["axis"] == axis and samples  # every axis writes each prompt's answer (sycophancy: the letter it read)
+    from opct.axes.verdicts import VERDICTS
+
+    rows = [json.loads(x) for x in samples.splitlines()]
+    # one verdict shape in every axis' rows: the axis' own verdict of the rest of the row ({} where there is none)
+    assert all(r["verdict"] == VERDICTS[axis]({k: v for k, v in r.items() if k != "verdict"}) for r in rows)
+    assert any(r["verdict"] for r in rows) and all(set(c) <= {"value", "answer", "explanation"} and c["value"] in (0, 1)
+                                                   for r in rows for c in r["verdict"].values())

@@ -30,6 +30,7 @@ jailbreak).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -37,6 +38,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from opct.data.chat import ChatFormat
+from opct.data.io import atomic_write
 from opct.data.pairs import ConsistencyPair
 from opct.backends.sampling import SamplingSettings
 
@@ -122,8 +124,8 @@ class Axis(Protocol):
 
     def verdict(self, row: dict) -> dict:
         """One per-example sample row's verdict, {name: {"value": 0 or 1, "answer", "explanation" (optional)}}: what
-        an Inspect log scores it as (opct.inspect_log); {} where there is none (reasoning that never closed, a
-        judge output that could not be parsed)."""
+        `write_samples` stores in the row and an Inspect log scores it as (opct.inspect_log); {} where there is none
+        (reasoning that never closed, a judge output that could not be parsed)."""
         ...
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:
@@ -198,3 +200,13 @@ def respond(policy, fmt: ChatFormat, chats: list[list[dict]], max_new_tokens: in
     (`Policy.generate`)."""
     return [r.answer for r in replies(policy, fmt, chats, max_new_tokens, temperature, batch_size, seed,
                                       think_budget)]
+
+
+def write_samples(path: Path, rows: list[dict], verdict: Callable[[dict], dict]) -> None:
+    """An evaluation's per-example rows as JSONL at `path` (written whole, atomically), each with its "verdict": the
+    axis' own (`Axis.verdict(row)`, {name: {"value": 0 or 1, "answer", "explanation"}}, {} where there is none). The
+    rest of a row is the axis' (split, id, the prompt, the answer or response, what its judge said), so every axis'
+    rows carry the one verdict shape, for the report, an Inspect log (opct.inspect_log) or pandas alike."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, "".join(json.dumps({**r, "verdict": verdict(r)}, ensure_ascii=False) + "\n" for r in rows))

@@ -3,17 +3,16 @@ intervals, the adaptive attack, and the in-training probe."""
 
 from __future__ import annotations
 
-import json
 import random
 
 from opct.axes.jailbreak.harmful import EvalItem
-from opct.axes.base import UNCLOSED, AxisData, Reply, replies, respond, unclosed_counts
+from opct.axes.verdicts import jailbreak as jailbreak_verdict
+from opct.axes.base import UNCLOSED, AxisData, Reply, replies, respond, unclosed_counts, write_samples
 from opct.judges.base import Verdict, agreement
 from opct.stats import wilson
 from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge
 from opct.judges.base import JudgeError
 from opct.axes.jailbreak.data import ALL_SPLITS, HELDOUT, Options, options
-from opct.data.io import atomic_write
 from opct.judges.strongreject import StrongRejectJudge
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +154,7 @@ def evaluate(policy, fmt, data: AxisData, cfg=None, samples=None, judge=None, se
                  "label": v.label, "match": v.raw,
                  **({"rubric_label": w.label, "rubric_score": w.score, "rubric_raw": w.raw} if w else {})}
                 for it, g, v, w in zip([*items, *extra], [*got, *extra_got], [*verdicts, *extra_v], rubric_v)]
-        atomic_write(samples, "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows))
+        write_samples(samples, rows, jailbreak_verdict)
     return res
 
 

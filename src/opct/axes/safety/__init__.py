@@ -25,14 +25,12 @@ fact's rate, which the demo's comparisons pair fact by fact (opct.experiment.com
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-from opct.axes.base import UNCLOSED, AxisData, Metric, Reply, replies, unclosed_counts
+from opct.axes.base import UNCLOSED, AxisData, Metric, Reply, replies, unclosed_counts, write_samples
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
 from opct.stats import rate_cell
-from opct.data.io import atomic_write
 from opct.axes.safety.facts import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
 from opct.axes.safety.report import safety_blocks
 from opct.axes.verdicts import safety
@@ -162,8 +160,7 @@ class SafetyAxis:
                      **({"reasoning": g.reasoning, "reasoning_closed": g.closed} if fmt.thinks else {}),
                      **({"judge_raw": v.raw} if v.raw else {})}
                     for (s, p), g, v in zip(items, got, verdicts)]
-            samples.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(samples, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            write_samples(samples, rows, safety)
         return {k: v for k, v in res.items() if v != {}}
 
     def probe(self, data: AxisData, cfg):

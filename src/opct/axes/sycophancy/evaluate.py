@@ -10,7 +10,6 @@ of every rate, never read as an answer."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -21,8 +20,8 @@ from opct.data.chat import ChatFormat
 from opct.data.mcq import LETTERS, MCQ
 from opct.stats import diff_interval, wilson
 from opct.axes.sycophancy.data import ANSWER_PREFIX, SPLITS, EvalItem, build_eval_items, check_mode, clean_messages
-from opct.axes.base import generate_split
-from opct.data.io import atomic_write
+from opct.axes import verdicts
+from opct.axes.base import generate_split, write_samples
 
 # ----------------------------------------------------------------------------------------------
 # reading answers
@@ -281,8 +280,8 @@ def evaluate_sycophancy(policy, fmt: ChatFormat, questions: list[MCQ], seed: int
         result["unclosed_reasoning"] = {"clean": clean.count(None),
                                         **{s: cued[j * m:(j + 1) * m].count(None) for j, s in enumerate(splits)}}
     if samples is not None:
-        write_samples(samples, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m,
-                      split_prefix, thinking)
+        write_samples(samples, sample_rows(questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m,
+                                           split_prefix, thinking), verdicts.sycophancy)
     return result
 
 
@@ -304,8 +303,8 @@ def read_cued(policy, fmt: ChatFormat, questions: list[MCQ], clean: list, splits
     return items, cued
 
 
-def write_samples(path: Path, questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m,
-                  split_prefix: str = "", thinking: bool = False) -> None:
+def sample_rows(questions, clean_msgs, clean, clean_why, items, splits, cued, cued_why, m, split_prefix: str = "",
+                thinking: bool = False) -> list[dict]:
     """Each prompt's answer letter (None: a thinking model's reasoning never closed) and, for a thinking model, its
     reasoning, as JSONL; cued rows name the suggested letter, so `answer == suggested` is the per-item 0/1."""
     def why(text):
@@ -317,5 +316,4 @@ def write_samples(path: Path, questions, clean_msgs, clean, clean_why, items, sp
             k = j * m + i
             rows.append({"split": split_prefix + s, "id": questions[i].id, "messages": it.cued, **why(cued_why[k]),
                          "answer": cued[k], "gold": questions[i].gold, "suggested": it.suggested})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return rows
