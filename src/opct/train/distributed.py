@@ -153,7 +153,13 @@ def init(device: torch.device, mode: str) -> tuple[Replicas, torch.device]:
 
 
 def close(replicas: Replicas) -> None:
+    """The end of a finished run on every rank. A barrier first, waited on with the GIL released: a gloo worker
+    thread still has to drop the tensors of the last collective (`broadcast_object_list`'s, which Python owns, so
+    it needs the GIL); the DDP reducer, freed once the run returns, holds the GIL in its destructor while that
+    destroys the process group, which joins those threads, so without the wait the two could deadlock and a rank
+    never exit (pytorch/pytorch#56297; seen here as a torchrun test that hung in 2 of 2 suite runs)."""
     if replicas.world > 1 and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
