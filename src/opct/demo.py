@@ -147,8 +147,7 @@ def preflight(cfg: DemoConfig):
         extras.require("vllm", "--sampler vllm")
     if cfg.vllm_sleep:  # for OPCT's sampler as the training runs will resolve it
         device = backends.resolve_device(cfg.device)
-        check_sleep(cfg.vllm_sleep, backends.resolve_sampler(TrainConfig(sampler=cfg.sampler, lora_rank=cfg.lora_rank),
-                                                             device), device)
+        check_sleep(cfg.vllm_sleep, backends.resolve_sampler(cfg, device), device)
     if cfg.capability:  # an unknown task would otherwise stop the demo after all its training
         capability_tasks.check_tasks(capability_tasks.resolve_suite(cfg.capability)["tasks"], option="--capability")
     return axis, methods

@@ -111,7 +111,7 @@ def test_bfloat16_decoding_on_the_hf_backend_needs_a_merged_lora_copy(tiny_model
 
     def checked(cfg):
         _, dtype, backend = resolve(cfg)
-        check_training(cfg, dtype, backend)
+        check_training(cfg, dtype, backend, None)  # the backend samples
         return backend
 
     bf16 = dict(device="cpu", dtype="float32", decode_dtype="bfloat16")

@@ -92,8 +92,8 @@ def test_sleep_mode_is_refused_where_vllm_cannot_sleep(tiny_model_dir, monkeypat
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
     for sampler in ("vllm", "vllm-server"):  # on the CPU; a server's sleep is not driven by opct
         with pytest.raises(BackendError, match="--vllm-sleep 1: vLLM's sleep mode needs --sampler vllm"):
-            vllm_backend.make_sampler(TrainConfig(model=str(tiny_model_dir), sampler=sampler, vllm_sleep=1), [2],
-                                      device=torch.device("cpu"), dtype=torch.float32)
+            spec = vllm_backend.sampler_spec(TrainConfig(model=str(tiny_model_dir), sampler=sampler, vllm_sleep=1))
+            vllm_backend.make_sampler(spec, [2], device=torch.device("cpu"), dtype=torch.float32)
 
 
 def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir, tmp_path, monkeypatch):
@@ -159,7 +159,7 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
 
     from opct.backends import BackendError, check_training
     from opct.backends.sampling import SamplingSettings
-    from opct.backends.vllm import make_sampler
+    from opct.backends.vllm import make_sampler, sampler_spec
     from opct.backends.vllm_sampler import VLLMServerSampler, unreachable
     from opct.config import TrainConfig
 
@@ -206,26 +206,28 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
     cfg = TrainConfig(sampler="vllm-server", vllm_url=url + "/v1", lora_rank=20, max_new_tokens=100)
     try:
         assert unreachable(url) is None and unreachable(url + "/v1/") is None
-        check_training(cfg, torch.float32, "hf")
-        sampler = make_sampler(cfg, [2], prompt_lengths=[300, 412])
+        check_training(cfg, torch.float32, "hf", sampler_spec(cfg))
+        cpu = dict(device=torch.device("cpu"), dtype=torch.float32)
+        sampler = make_sampler(sampler_spec(cfg), [2], prompt_lengths=[300, 412], **cpu)
         assert sampler.url == url and sampler.served == "/models/m" and sampler.max_model_len == 512
         with pytest.raises(RuntimeError, match=r"No adapter found for /x\"}}; the server reads the adapters opct writes"):
             sampler._request("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/x"})
         with pytest.raises(BackendError, match=rf"--vllm-url {url}/v1: the server's context is 512 tokens .*this "
                                                r"run needs 513 \(its longest prompt, 413, \+ --max-new-tokens 100\)"):
-            make_sampler(cfg, [2], prompt_lengths=[413])
+            make_sampler(sampler_spec(cfg), [2], prompt_lengths=[413], **cpu)
         lora_routes[0] = False
         with pytest.raises(BackendError, match=r"cannot load LoRA adapters .*VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and "
                                                r"--enable-lora --max-lora-rank 32$"):
-            check_training(cfg, torch.float32, "hf")
+            check_training(cfg, torch.float32, "hf", sampler_spec(cfg))
         # full fine-tuning: no LoRA
-        check_training(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=0), torch.float32, "hf")
+        full = TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=0)
+        check_training(full, torch.float32, "hf", sampler_spec(full))
         key[0] = "s3cret"  # a server started with --api-key
         with pytest.raises(BackendError, match=rf"--vllm-url {url}/v1: it wants an API key: set \$OPCT_VLLM_API_KEY"):
-            check_training(cfg, torch.float32, "hf")
+            check_training(cfg, torch.float32, "hf", sampler_spec(cfg))
         monkeypatch.setenv("OPCT_VLLM_API_KEY", "wrong")
         with pytest.raises(BackendError, match=r"it refused the API key in \$OPCT_VLLM_API_KEY"):
-            check_training(cfg, torch.float32, "hf")
+            check_training(cfg, torch.float32, "hf", sampler_spec(cfg))
         monkeypatch.setenv("OPCT_VLLM_API_KEY", "s3cret")
         assert VLLMServerSampler([2], url=url).served == "/models/m"  # requests carry the key
         key[0] = None
@@ -235,7 +237,8 @@ def test_a_server_given_by_url_is_checked_before_use_and_its_loss_is_named(monke
         server.shutdown()
         server.server_close()
     with pytest.raises(BackendError, match=rf"--vllm-url {url}: no vLLM server answers there \(.*refused"):
-        check_training(TrainConfig(sampler="vllm-server", vllm_url=url), torch.float32, "hf")
+        gone = TrainConfig(sampler="vllm-server", vllm_url=url)
+        check_training(gone, torch.float32, "hf", sampler_spec(gone))
     with pytest.raises(RuntimeError, match=rf"{url}/v1/completions: the vLLM server did not answer .*has it stopped"):
         sampler.sample([[1, 2]], SamplingSettings(4, 1.0, 1.0, 0), seed=0)
     sampler.close()
@@ -382,7 +385,7 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(mo
     (the sampler's eager default)."""
     import torch
 
-    from opct.backends import select, vllm_sampler
+    from opct.backends import vllm_sampler
     from opct.config import TrainConfig
 
     seen = {}
@@ -392,13 +395,13 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(mo
             seen.update(kw)
 
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
-    monkeypatch.setattr(select, "resolve", lambda cfg: (torch.device(device), torch.float32, None))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(vllm_sampler, "VLLMSampler", Engine)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = TrainConfig(model=str(tiny_model_dir), sampler="vllm", cuda_graphs=cuda_graphs, vllm_gpu_memory=0.25,
                       lora_rank=lora_rank)
-    vllm_backend.make_sampler(cfg, [2], prompt_lengths=[10])
+    vllm_backend.make_sampler(vllm_backend.sampler_spec(cfg), [2], prompt_lengths=[10], device=torch.device(device),
+                              dtype=torch.float32)
     assert seen.get("enforce_eager") is want
     assert seen.get("gpu_memory_utilization") == (0.25 if device == "cuda" else None)
 

@@ -339,6 +339,7 @@ def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(m
 
     from opct.algo.opct import train
     from opct.backends import BackendError, check_training
+    from opct.backends.vllm import sampler_spec
     from opct.backends.vllm_sampler import API_SERVER, _free_port, unreachable
     from opct.config import TrainConfig
     from opct.data.pairs import load_pairs
@@ -370,7 +371,8 @@ def test_a_server_the_user_started_samples_what_the_server_opct_starts_samples(m
             time.sleep(1)
         pairs = load_pairs(Path(__file__).parents[2] / "examples" / "pairs.jsonl")
         with pytest.raises(BackendError, match=r"it wants an API key: set \$OPCT_VLLM_API_KEY"):
-            check_training(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=8), torch.float32, "hf")
+            cfg = TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=8)
+            check_training(cfg, torch.float32, "hf", sampler_spec(cfg))
         monkeypatch.setenv("OPCT_VLLM_API_KEY", "k3y")
         monkeypatch.setenv("OPCT_JUDGE_API_KEY", "k3y")
         rows = {}

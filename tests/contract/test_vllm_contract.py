@@ -223,13 +223,16 @@ def build_engines(model_dir, monkeypatch):
     from opct.config import TrainConfig
 
     cpu = torch.device("cpu")
-    samplers = [vllm_backend.make_sampler(TrainConfig(model=str(model_dir), sampler="vllm", lora_rank=r), [2],
-                                          device=cpu, dtype=torch.float32) for r in (8, 0)]
+    def spec(**kw):
+        return vllm_backend.sampler_spec(TrainConfig(model=str(model_dir), **kw))
+
+    samplers = [vllm_backend.make_sampler(spec(sampler="vllm", lora_rank=r), [2], device=cpu, dtype=torch.float32)
+                for r in (8, 0)]
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     for r, sleep in ((8, 2), (0, 1)):
-        cfg = TrainConfig(model=str(model_dir), sampler="vllm", lora_rank=r, vllm_sleep=sleep, cuda_graphs=True)
-        samplers.append(vllm_backend.make_sampler(cfg, [2], device=torch.device("cuda"), dtype=torch.float32))
+        samplers.append(vllm_backend.make_sampler(spec(sampler="vllm", lora_rank=r, vllm_sleep=sleep, cuda_graphs=True),
+                                                  [2], device=torch.device("cuda"), dtype=torch.float32))
     for s in samplers:
         s.close()
 
@@ -487,7 +490,7 @@ def launches(model_dir, tmp_path_factory):
                     ("full", lambda: vllm_sampler.VLLMServerSampler([2], model_dir=str(model_dir),
                                                                     workdir=str(work / "b"))),
                     ("gpu", lambda: vllm_backend.make_sampler(
-                        TrainConfig(model=str(model_dir), sampler="vllm-server", lora_rank=8), [2],
+                        vllm_backend.sampler_spec(TrainConfig(model=str(model_dir), sampler="vllm-server", lora_rank=8)), [2],
                         device=torch.device("cuda"), dtype=torch.float32)),
                     ("start_server", lambda: vllm_sampler.start_server("/other/venv/bin/python", str(model_dir),
                                                                        "judge", work / "c"))):
@@ -840,7 +843,7 @@ def test_the_server_serves_opcts_routes_and_takes_its_requests(apps, model_dir, 
     url = "http://127.0.0.1:8000/v1"
     server = FakeServer(apps["lora"], model_dir)
     with server.installed(monkeypatch, "lora"):
-        vllm_backend.check(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=8))
+        vllm_backend.check(vllm_backend.sampler_spec(TrainConfig(sampler="vllm-server", vllm_url=url, lora_rank=8)))
         s = VLLMServerSampler([2], url=url, lora_rank=8)
         assert (s.model_name, s.max_model_len) == ("base", 2048)
         settings = SamplingSettings(max_new_tokens=2, temperature=0.8, top_p=0.95, top_k=50)

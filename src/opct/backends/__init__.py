@@ -21,45 +21,43 @@ from opct.data.chat import ChatFormat
 from opct import models
 
 
-def check_training(cfg, dtype: torch.dtype, backend: str) -> None:
-    """What a training config (RunConfig, its sampler resolved by start_run) asks of its backend: a decode_dtype
-    other than the model's needs, on the hf backend, a merged copy of a LoRA model to sample from; a vLLM sampler
-    needs vllm (and a given server that answers); --vllm-sleep an in-process engine on a GPU. Checked before a model
-    loads."""
+def check_training(cfg, dtype: torch.dtype, backend: str, sampler: vllm.SamplerSpec | None) -> None:
+    """What a training config (RunConfig) and its sampler (`vllm.sampler_spec` of the resolved --sampler, decided by
+    start_run; None: the backend samples) ask of the backend: a decode_dtype other than the model's needs, on the hf
+    backend, a merged copy of a LoRA model to sample from; a vLLM sampler needs vllm (and a given server that
+    answers); --vllm-sleep an in-process engine on a GPU. Checked before a model loads."""
     decode_dtype = other_decode_dtype(cfg, dtype)
     if backend == "hf" and decode_dtype and not (cfg.merged_decode and cfg.lora_rank > 0):
         raise BackendError(DECODE_DTYPE_NEEDS_MERGED.format(decode_dtype))
-    if cfg.sampler in ("vllm", "vllm-server"):  # auto: resolved by start_run before this check
-        vllm.check(cfg)
+    if sampler is not None:
+        vllm.check(sampler)
     if cfg.vllm_sleep:
-        vllm.check_sleep(cfg.vllm_sleep, cfg.sampler, resolve_device(cfg.device))
+        vllm.check_sleep(cfg.vllm_sleep, sampler.kind if sampler else "policy", resolve_device(cfg.device))
 
 
 def make_policy(backend: str, model, tok, eos_ids: set[int], cfg, micro_batch: int = 1 << 30,
-                lora_dropout: float = 0.0, prompt_lengths=(), train: bool = True) -> Policy:
+                lora_dropout: float = 0.0, prompt_lengths=(), train: bool = True,
+                sampler: vllm.SamplerSpec | None = None) -> Policy:
     """The Policy of `backend` around a loaded (and, for training, LoRA-wrapped) model; with a vLLM `sampler`
-    setting, wrapped so that vLLM samples (backends/vllm.py), its engine sized for the longest of `prompt_lengths`
-    (the student prompts, in tokens) plus max_new_tokens. `cfg`: a training config (RunConfig) whose sampler is
-    resolved (train.loop.start_run; `resolve_sampler`), SFT's always "policy"; with `train=False` any config's
-    execution settings (ExecConfig), and a policy for inference only (evaluation): no frozen teacher copy, the
-    model's own weights and dtype for decoding."""
-    if train and cfg.sampler == "auto":
-        raise ValueError("make_policy needs a resolved --sampler (policy, vllm or vllm-server), got auto: "
-                         "train.loop.start_run resolves it (backends.resolve_sampler)")
+    (vllm.SamplerSpec, which train.loop.start_run decides once), wrapped so that vLLM samples (backends/vllm.py), its
+    engine sized for the longest of `prompt_lengths` (the student prompts, in tokens) plus max_new_tokens; without
+    one the backend samples the student itself. `cfg`: the execution settings (config.ExecConfig: where and how fast
+    it runs, a training run's decode dtype); with `train=False` a policy for inference only (evaluation): no frozen
+    teacher copy, the model's own weights and dtype for decoding."""
     if backend == "cpu":
         # evaluations decode in the model's own dtype (decode_dtype is the student's sampling)
         policy = CPUPolicy(model, tok, eos_ids, CPUSettings.of(cfg),
                            decode_dtype=cfg.decode_dtype if train else "float32", micro_batch=micro_batch,
                            lora_dropout=lora_dropout, train=train)
     else:
-        own_decode = train and cfg.sampler == "policy"  # the student samples itself (a training run without vLLM)
+        own_decode = train and sampler is None  # the student samples itself (a training run without vLLM)
         policy = HFPolicy(model, tok, eos_ids, cuda_graphs=cfg.cuda_graphs,
                           merged_decode=own_decode and cfg.merged_decode,
                           decode_dtype=cfg.decode_dtype if own_decode else "float32", train=train)
-    if train and cfg.sampler != "policy":
+    if train and sampler is not None:
         dtype = next(model.parameters()).dtype
-        sampler = vllm.make_sampler(cfg, eos_ids, prompt_lengths, device=policy.device, dtype=dtype)
-        policy = vllm.VLLMPolicy(policy, sampler, check_every=cfg.sampler_check_every)
+        engine = vllm.make_sampler(sampler, eos_ids, prompt_lengths, device=policy.device, dtype=dtype)
+        policy = vllm.VLLMPolicy(policy, engine, check_every=sampler.check_every)
     return policy
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig
@@ -219,47 +220,80 @@ class VLLMPolicy(Policy):
         self.sampler.close()
 
 
-def make_sampler(cfg, eos_ids, prompt_lengths=(), device: torch.device | None = None,
-                 dtype: torch.dtype | None = None):
-    """The vLLM sampler a config asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU).
+@dataclass(frozen=True)
+class SamplerSpec:
+    """A training run's vLLM sampler, decided once (train.loop.start_run: `sampler_spec` of the config whose --sampler
+    it resolved) and handed to everything that checks or makes it (check_training, make_policy, `check`,
+    `make_sampler`), none of which reads a command's config: `kind` "vllm" (an in-process engine) or "vllm-server"
+    (`url`, or a server opct starts), the model it serves and how its engine is sized, and how often the weight sync is
+    checked. Each field is the run's own setting of that name (config.StudentSampler, config.VLLMSettings, the
+    model, LoRA and sampling settings), copied, never re-derived."""
+    kind: str  # --sampler, resolved: vllm | vllm-server
+    model: str  # --model: the base model the engine serves (its dense local copy, models.resolve)
+    lora_rank: int
+    seed: int
+    max_new_tokens: int
+    url: str  # --vllm-url ("" = start a server, for vllm-server)
+    check_every: int  # --sampler-check-every
+    dtype: str  # --vllm-dtype
+    kv_cache_gib: float  # --vllm-kv-cache-gib
+    gpu_memory: float  # --vllm-gpu-memory
+    sleep: int  # --vllm-sleep
+    cuda_graphs: bool  # --cuda-graphs
+
+
+def sampler_spec(cfg) -> SamplerSpec | None:
+    """The vLLM sampler a training config's resolved --sampler asks for; None where the training backend samples
+    the student itself (--sampler policy, and SFT, which has no sampler setting)."""
+    if cfg.sampler == "auto":
+        raise ValueError("sampler_spec needs a resolved --sampler (policy, vllm or vllm-server), got auto: "
+                         "train.loop.start_run resolves it (backends.resolve_sampler)")
+    if cfg.sampler == "policy":
+        return None
+    return SamplerSpec(kind=cfg.sampler, model=cfg.model, lora_rank=cfg.lora_rank, seed=cfg.seed,
+                       max_new_tokens=cfg.max_new_tokens, url=cfg.vllm_url, check_every=cfg.sampler_check_every,
+                       dtype=cfg.vllm_dtype, kv_cache_gib=cfg.vllm_kv_cache_gib, gpu_memory=cfg.vllm_gpu_memory,
+                       sleep=cfg.vllm_sleep, cuda_graphs=cfg.cuda_graphs)
+
+
+def make_sampler(spec: SamplerSpec, eos_ids, prompt_lengths=(), *, device: torch.device, dtype: torch.dtype):
+    """The vLLM sampler `spec` asks for, on the base model's dense local copy (vLLM cannot read GGUF on a CPU).
     An engine or server started here gets a context of `needed_model_len` of the run's student prompt lengths (in
     tokens); a server given by --vllm-url has its own, which must hold the longest prompt + max_new_tokens.
     On a GPU, vLLM takes `vllm_gpu_memory` of the training device's memory (weights + KV cache) and runs on that
     device (under torchrun each rank has its own engine on its own GPU); an in-process engine there captures CUDA
     graphs for LoRA runs unless `cuda_graphs` is off (a full fine-tune's engine, and a server started here, run
-    eagerly, as on the CPU). `device` and `dtype`: the trainer's model's (make_policy passes them; resolved from
-    the config when not given); the engine runs in `vllm_dtype` (auto: bfloat16 on a GPU, else the trainer's)."""
-    check(cfg)
-    if device is None or dtype is None:
-        device, dtype, _ = select.resolve(cfg)
-    check_sleep(cfg.vllm_sleep, cfg.sampler, device)
-    engine_dtype = select.resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)
-    kw = dict(dtype=str(engine_dtype).removeprefix("torch."), lora_rank=cfg.lora_rank, seed=cfg.seed,
-              kv_cache_gib=cfg.vllm_kv_cache_gib, max_model_len=needed_model_len(prompt_lengths, cfg.max_new_tokens))
+    eagerly, as on the CPU). `device` and `dtype`: the trainer's model's (make_policy passes them); the engine runs
+    in `spec.dtype` (auto: bfloat16 on a GPU, else the trainer's)."""
+    check(spec)
+    check_sleep(spec.sleep, spec.kind, device)
+    engine_dtype = select.resolve_vllm_dtype(spec.dtype, device, dtype)
+    kw = dict(dtype=str(engine_dtype).removeprefix("torch."), lora_rank=spec.lora_rank, seed=spec.seed,
+              kv_cache_gib=spec.kv_cache_gib, max_model_len=needed_model_len(prompt_lengths, spec.max_new_tokens))
     on_gpu = device.type == "cuda"
     gpu = str(torch.cuda.current_device()) if on_gpu else None
-    if cfg.sampler == "vllm":
+    if spec.kind == "vllm":
         # On a GPU a LoRA run's engine compiles and captures its decode as CUDA graphs unless cuda_graphs is off (a
         # slower start, then no per-kernel launches): a synced adapter is copied into vLLM's LoRA buffers, which the
         # graphs read. A full fine-tune's sync reloads the weights (vllm_worker.WeightSync re-points tied ones), not
         # known to keep the addresses a graph reads, so that engine stays eager, as every engine on the CPU.
-        graphs = cfg.cuda_graphs and cfg.lora_rank > 0
-        extra = {"gpu_memory_utilization": cfg.vllm_gpu_memory, "enforce_eager": not graphs,
-                 **({"sleep_level": cfg.vllm_sleep} if cfg.vllm_sleep else {})} if on_gpu else {}
+        graphs = spec.cuda_graphs and spec.lora_rank > 0
+        extra = {"gpu_memory_utilization": spec.gpu_memory, "enforce_eager": not graphs,
+                 **({"sleep_level": spec.sleep} if spec.sleep else {})} if on_gpu else {}
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
-            return vllm_sampler.VLLMSampler(resolve_model(cfg.model), eos_ids, **kw, **extra)
-    if cfg.vllm_url:
-        sampler = vllm_sampler.VLLMServerSampler(eos_ids, url=cfg.vllm_url, lora_rank=cfg.lora_rank)
-        need = max(prompt_lengths, default=0) + cfg.max_new_tokens
+            return vllm_sampler.VLLMSampler(resolve_model(spec.model), eos_ids, **kw, **extra)
+    if spec.url:
+        sampler = vllm_sampler.VLLMServerSampler(eos_ids, url=spec.url, lora_rank=spec.lora_rank)
+        need = max(prompt_lengths, default=0) + spec.max_new_tokens
         if sampler.max_model_len is not None and sampler.max_model_len < need:
             sampler.close()
-            raise BackendError(f"--vllm-url {cfg.vllm_url}: the server's context is {sampler.max_model_len} tokens "
+            raise BackendError(f"--vllm-url {spec.url}: the server's context is {sampler.max_model_len} tokens "
                                f"(its --max-model-len); this run needs {need} (its longest prompt, "
-                               f"{need - cfg.max_new_tokens}, + --max-new-tokens {cfg.max_new_tokens})")
+                               f"{need - spec.max_new_tokens}, + --max-new-tokens {spec.max_new_tokens})")
         return sampler
-    extra_args = ("--gpu-memory-utilization", str(cfg.vllm_gpu_memory)) if on_gpu else ()
+    extra_args = ("--gpu-memory-utilization", str(spec.gpu_memory)) if on_gpu else ()
     with visible_device(gpu):
-        return vllm_sampler.VLLMServerSampler(eos_ids, model_dir=resolve_model(cfg.model), extra_args=extra_args, **kw)
+        return vllm_sampler.VLLMServerSampler(eos_ids, model_dir=resolve_model(spec.model), extra_args=extra_args, **kw)
 
 
 def check_sleep(level: int, sampler: str, device: torch.device) -> None:
@@ -324,27 +358,27 @@ def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torc
     return Deferred(start)
 
 
-def check(cfg) -> None:
-    """What the vLLM sampler a config asks for needs, checked before any model loads (start_run) and again when the
+def check(spec: SamplerSpec) -> None:
+    """What the vLLM sampler `spec` needs, checked before any model loads (start_run) and again when the
     sampler is made: vllm importable (unless the server is someone else's), and a server given by --vllm-url
     answering, taking this client (an API key from $OPCT_VLLM_API_KEY) and with its run-time LoRA routes when the run
     trains a LoRA adapter."""
-    if cfg.sampler == "vllm" or not cfg.vllm_url:
-        extras.require("vllm", f"--sampler {cfg.sampler}",
-                "or pass --vllm-url of a running server" if cfg.sampler != "vllm" else "")
-    if cfg.sampler != "vllm-server" or not cfg.vllm_url:
+    if spec.kind == "vllm" or not spec.url:
+        extras.require("vllm", f"--sampler {spec.kind}",
+                "or pass --vllm-url of a running server" if spec.kind != "vllm" else "")
+    if spec.kind != "vllm-server" or not spec.url:
         return
-    why = unreachable(cfg.vllm_url)
+    why = unreachable(spec.url)
     if why:
-        raise BackendError(f"--vllm-url {cfg.vllm_url}: no vLLM server answers there ({why}); start one, or leave "
+        raise BackendError(f"--vllm-url {spec.url}: no vLLM server answers there ({why}); start one, or leave "
                            "--vllm-url out and opct starts one")
-    why = unauthorized(cfg.vllm_url)
+    why = unauthorized(spec.url)
     if why:
-        raise BackendError(f"--vllm-url {cfg.vllm_url}: {why}")
-    if cfg.lora_rank > 0 and not loads_adapters(cfg.vllm_url):
-        raise BackendError(f"--vllm-url {cfg.vllm_url}: the server cannot load LoRA adapters at run time "
+        raise BackendError(f"--vllm-url {spec.url}: {why}")
+    if spec.lora_rank > 0 and not loads_adapters(spec.url):
+        raise BackendError(f"--vllm-url {spec.url}: the server cannot load LoRA adapters at run time "
                            "(/v1/load_lora_adapter answered 404); start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
-                           f"and --enable-lora --max-lora-rank {max_lora_rank(cfg.lora_rank)}")
+                           f"and --enable-lora --max-lora-rank {max_lora_rank(spec.lora_rank)}")
 
 
 @contextmanager

@@ -224,7 +224,8 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     if isinstance(cfg, StudentSampler):  # resolved here, once: config.yaml, run.json and every check read the result
         asked = {"sampler_setting": cfg.sampler}
         cfg = dataclasses.replace(cfg, sampler=backends.resolve_sampler(cfg, device, replicas.mode))
-    backends.check_training(cfg, dtype, backend)
+    sampler = backends.vllm.sampler_spec(cfg)  # decided once: None where the backend samples (policy; SFT)
+    backends.check_training(cfg, dtype, backend, sampler)
     if replicas.world > 1:
         backend = check_distributed(cfg, replicas, dtype)
     out = check_out_dir(cfg)
@@ -253,7 +254,8 @@ def start_run(cfg: RunConfig, pairs: list[ConsistencyPair] | None) -> Run:
     else:
         model.requires_grad_(True)
     policy = backends.make_policy(backend, model, tok, eos_ids, cfg, micro_batch=cfg.micro_batch,
-                                  lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered])
+                                  lora_dropout=cfg.lora_dropout, prompt_lengths=[len(s) for s, _ in rendered],
+                                  sampler=sampler)
     try:
         run = _assemble(cfg, env, out, policy, formats, model, rendered, replicas, device, t_start)
         run.provenance.update(**asked, sampler_used=cfg.sampler)
