@@ -41,9 +41,20 @@ def command(model_dir, pairs, out, procs: int, *extra, steps: int = 3) -> list[s
             "--backend", "hf", "--threads", "1"]
 
 
-def run(cmd, env=None, **kw) -> subprocess.CompletedProcess:
+def run(cmd, env=None, timeout: int = 300, **kw) -> subprocess.CompletedProcess:
+    """`cmd` to its end, in a session of its own: past `timeout` the launcher and every rank it started are killed
+    (subprocess.run's own timeout kills only the launcher, which left a hung rank running after the test) and the
+    test fails with their output."""
     env = env or {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, **kw)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd[:8]))} ...: no exit after {timeout} s; stderr:\n{err[-3000:]}")
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     assert p.returncode == 0, p.stderr[-3000:]
     return p
 
