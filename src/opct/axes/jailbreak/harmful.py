@@ -244,12 +244,17 @@ def load_behaviours(source: str, n: int | None = None, seed: int = 0) -> list[Be
     items = []
     for part in source.split("+"):
         items += _load_behaviour_source(part.strip())
-    items = dedupe(items)
+    return seeded_subset(dedupe(items), n, f"behaviours:{source}:{seed}", f"behaviour source {source!r}")
+
+
+def seeded_subset(items: list, n: int | None, key: str, what: str) -> list:
+    """`n` of `items` in their order, drawn by a `random.Random(key)` (all of them for None); more than there are
+    is a HarmfulDataError naming `what`."""
     if n is None:
         return items
     if n > len(items):
-        raise HarmfulDataError(f"behaviour source {source!r} has {len(items)} distinct behaviours, {n} requested")
-    keep = set(random.Random(f"behaviours:{source}:{seed}").sample(range(len(items)), n))
+        raise HarmfulDataError(f"{what} has {len(items)} distinct behaviours, {n} requested")
+    keep = set(random.Random(key).sample(range(len(items)), n))
     return [x for i, x in enumerate(items) if i in keep]
 
 
@@ -261,16 +266,8 @@ def jailbreak_split(train_source: str = "advbench", eval_source: str = "harmbenc
     evals = load_behaviours(eval_source)
     held = {normalise(b.text) for b in evals}
     train = [b for b in load_behaviours(train_source) if normalise(b.text) not in held]
-
-    def pick(items, n, tag):
-        if n is None:
-            return items
-        if n > len(items):
-            raise HarmfulDataError(f"{tag} source has {len(items)} distinct behaviours, {n} requested")
-        keep = set(random.Random(f"split:{tag}:{seed}").sample(range(len(items)), n))
-        return [x for i, x in enumerate(items) if i in keep]
-
-    return pick(train, n_train, "train"), pick(evals, n_eval, "eval")
+    return (seeded_subset(train, n_train, f"split:train:{seed}", "train source"),
+            seeded_subset(evals, n_eval, f"split:eval:{seed}", "eval source"))
 
 
 # ----------------------------------------------------------------------------------------------
