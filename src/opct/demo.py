@@ -154,9 +154,9 @@ def preflight(cfg: DemoConfig):
 
 
 SUMMARY_FILES = {"summary.json", "report.md", "report.html", "plots"}
-# What may differ between a demo and the command that continues it: where it writes and reports, and where and how
-# fast it runs (the execution settings a resumed training run may change, opct.options.opt(resumable=...)).
-NOT_SETTINGS = {"out", "resume", "report_to"} | resumable_fields(ExecConfig)
+# What may differ between a demo and the command that continues it: where it writes and reports (its token logs too),
+# and where and how fast it runs (the execution settings a resumed training run may change, opct.options.opt(resumable=...)).
+NOT_SETTINGS = {"out", "resume", "report_to", "token_log_every"} | resumable_fields(ExecConfig)
 
 
 # settings added after demos were first written whose default changes what a demo does: a demo.yaml without one
@@ -249,7 +249,8 @@ def run_config(cfg: DemoConfig, axis, method: str, seed: int, out: Path) -> Trai
                   save_every=SAVE_EVERY, report_to=cfg.report_to, **exec_settings(cfg), **chat_settings(cfg))
     row = METHODS[method]
     if row.trainer == ON_POLICY:  # OPCT, or a control: OPCT with the settings of its row changed
-        return dataclasses.replace(TrainConfig(sampler=cfg.sampler, **common), **{**axis.opct, **row.overrides})
+        return dataclasses.replace(TrainConfig(sampler=cfg.sampler, token_log_every=cfg.token_log_every, **common),
+                                   **{**axis.opct, **row.overrides})
     # SFT's targets come from the backend, never from a vLLM sampler: nothing of its runs sleeps
     return sft_config(cfg, axis, SFTConfig(**{**common, "vllm_sleep": 0}))
 

@@ -118,9 +118,9 @@ def test_shuffled_teacher_scores_after_other_pairs_prompts(tiny_model_dir, tmp_p
     seen = []
     real = algo.opct_step
 
-    def spy(policy, fmt, batch, cfg, gen):
+    def spy(policy, fmt, batch, cfg, gen, tokens=None):
         seen.extend(batch)
-        return real(policy, fmt, batch, cfg, gen)
+        return real(policy, fmt, batch, cfg, gen, tokens)
     monkeypatch.setattr(algo, "opct_step", spy)
     pairs = make_pairs()
     train(cfg_for(tiny_model_dir, tmp_path / "run", steps=2, teacher_context="shuffled", samples_per_prompt=1),

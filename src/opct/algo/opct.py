@@ -30,6 +30,7 @@ from opct.backends.sampling import SamplingSettings
 from opct.config import TrainConfig
 from opct.data.chat import ChatFormat
 from opct.data.pairs import ConsistencyPair
+from opct.lens.tokens import StepTokens, due
 from opct.train import loop
 from opct.train.distributed import Replicas
 
@@ -159,13 +160,14 @@ def backward_micro_batch(cfg: TrainConfig, s: Scores, t: Scores, sampler_logp: l
 
 
 def opct_step(policy: Policy, fmt: ChatFormat, batch: list[tuple[list[int], list[int]]], cfg: TrainConfig,
-              gen: torch.Generator) -> dict:
+              gen: torch.Generator, tokens: StepTokens | None = None) -> dict:
     """One optimizer step's forward/backward work on `batch` = [(student_ids, teacher_ids), ...], each student prompt
     sampled samples_per_prompt times: phases 1-3 of the module's docstring, step 3 a backward per micro-batch
     (`backward_micro_batch`) over one normaliser, the loss's tokens in the step on every data-parallel replica (no
     reasoning under train_on_thinking off): the gradient is one big batch's. `fmt`: the student's chat format, which
     says where each response's answer starts after a thinking model's reasoning (`ChatFormat.answer_tokens`,
-    `answer_mask`). Returns its metrics (`StepStats`)."""
+    `answer_mask`). With `tokens` (a step whose token log is due), each micro-batch's two log-probs per token go
+    there too (opct.lens.tokens). Returns its metrics (`StepStats`)."""
     prompts_s = [s for s, _ in batch for _ in range(cfg.samples_per_prompt)]
     prompts_t = [t for _, t in batch for _ in range(cfg.samples_per_prompt)]
     exact = cfg.loss != "sampled"  # the exact losses need hidden states, not just the sampled tokens' log-probs
@@ -194,6 +196,8 @@ def opct_step(policy: Policy, fmt: ChatFormat, batch: list[tuple[list[int], list
             keep_NT, _ = fmt.answer_mask(part.prompts, part.responses, s.mask_NT.shape[1])
             s = dataclasses.replace(s, mask_NT=s.mask_NT * keep_NT)
         stats.add(backward_micro_batch(cfg, s, t, part.sampler_logp, n_tokens))
+        if tokens is not None:
+            tokens.add(part.prompts, prompts_t[c], part.responses, s.logp_NT, t.logp_NT, s.mask_NT)
     t3 = time.perf_counter()
 
     responses = policy.replicas.gather(rollout.responses)  # the global batch's
@@ -220,8 +224,14 @@ def train(cfg: TrainConfig, pairs: list[ConsistencyPair] | None = None, probe=No
             if cfg.teacher_context == "shuffled":  # the control: another pair's teacher prompt for each
                 pairs = [(student, t) for (student, _), t in zip(pairs, other_contexts(run.rendered, idx, cfg.seed, step))]
             batch, gen = loop.share(run, pairs, cfg.samples_per_prompt)
+            tokens = (StepTokens(step + 1, [i for i in run.replicas.shard(idx) for _ in range(cfg.samples_per_prompt)])
+                      if due(cfg.token_log_every, step, cfg.steps) else None)
             # 1-3: sample, teacher scores, student forward/backward
-            row = opct_step(run.policy, run.fmt, batch, run.cfg, gen)
+            row = opct_step(run.policy, run.fmt, batch, run.cfg, gen, tokens)
+            if tokens is not None:  # the step's log-probs per token, to out/tokens (the lens)
+                t0 = time.perf_counter()
+                tokens.write(run.out, run.policy.tok, run.fmt, run.replicas.rank, run.replicas.world)
+                row["time_tokens"] = time.perf_counter() - t0
             # 4: optimizer step
             row.update(loop.optimizer_step(run, step, row["loss"]))
             loop.end_step(run, step, row, probe, probe_every, bar, show_progress)

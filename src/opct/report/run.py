@@ -4,7 +4,8 @@ writes them).
 Inputs (under `run_dir`):
   results.json             written by the demo / eval (required), read through opct.experiment.read_results
   <method>-seed<S>/metrics.jsonl   one JSON object per training step of each method's run of the first training
-                           seed (optional; opct.experiment.first_runs)
+                           seed (optional; opct.experiment.first_runs); its tokens/*.parquet, the token logs that
+                           tokens.html shows with samples/*.jsonl (opct.lens.report)
 
 The report only presents the numbers: every table cell comes straight from results.json, and the intervals are the
 ones the evaluator computed. The shared sections (header, seeds, controls, capability, plots, training logs, what
@@ -31,6 +32,7 @@ from opct.axes import AXES, get_axis
 from opct.config import CPU, DemoConfig, EXEC
 from opct.evals.capability import plot_capability
 from opct.inspect_log import write_logs
+from opct.lens.report import write_page as lens_page
 
 
 INTERVAL_NOTE = ("Intervals are 95% Wilson score intervals over prompts; n is the number of prompts in the "
@@ -462,6 +464,9 @@ def write_report(run_dir: str | Path) -> dict:
         names = ", ".join(p.relative_to(run_dir).as_posix() for p in inspect)
         blocks.insert(at, ("p", f"The same answers as Inspect logs, one per model ({names}): "
                                 f"`inspect view --log-dir {run_dir / 'inspect'}` opens them."))
+    if lens_page(run_dir, results["axis"], dirs, dirs):  # tokens.html: the token viewer (opct.lens.report)
+        blocks.insert(1, ("p", "Token by token, the training samples' teacher-student gap and the evaluated answers "
+                               "side by side: [tokens.html](tokens.html)."))
     for kind, *args in blocks:  # the axis' own plots
         if kind == "img" and Path(args[1]).parts[0] == "plots":
             plots.setdefault(Path(args[1]).stem, run_dir / args[1])
