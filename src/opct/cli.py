@@ -130,6 +130,16 @@ def cmd_demo(args) -> None:
           f"{', '.join(f'{out}/{n}' for n in names)})")
 
 
+def cmd_check(args) -> None:
+    cfg = config.build(config.CheckConfig, args)
+    check_output_dir(cfg.out, "--out")
+    before_torch(cfg)
+    from opct.lens.check import print_summary, run_check
+
+    print_summary(run_check(cfg))
+    print(f"opct: wrote {cfg.out}/check.json and {cfg.out}/check.html")
+
+
 def cmd_report(args) -> None:
     from opct.report import write_report
 
@@ -163,7 +173,8 @@ def cmd_report(args) -> None:
     print(f"opct: wrote {paths['markdown']} and {paths['html']}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser, its options generated from its config class (opct.options)."""
     parser = argparse.ArgumentParser(prog="opct", description="On-Policy Consistency Training of language models.")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -197,10 +208,20 @@ def main(argv: list[str] | None = None) -> int:
                                    "defaults (model, sizes, steps) for the options you do not set.")
     options.add_arguments(p, config.DemoConfig)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("check", help="before training: does a pairs file carry a signal on a model? (token diff of "
+                                     "the prompts, answer changes, the per-token teacher-student gap, a verdict)",
+                       description=config.CheckConfig.__doc__)
+    options.add_arguments(p, config.CheckConfig)
+    p.set_defaults(func=cmd_check)
     p = sub.add_parser("report", help="(re)write report.md/html + plots from a demo's results.json")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
 
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     _stack_on_crash()
     previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is threading.main_thread() \
@@ -238,6 +259,7 @@ AFTER_FAILURE = {"train": _RESUME, "sft": _RESUME,
                  "demo": "; the demo did not finish (no results.json): the same command with --resume continues "
                          "it, keeping the stages that finished",
                  "eval": "; no results were written",
+                 "check": "; check.json was not written",
                  "demo over several axes": "; the same command with --resume continues it, keeping the axes "
                                            "and stages that finished"}
 
