@@ -175,7 +175,8 @@ def run_check(cfg) -> dict:
     summary = summarise(cfg, len(pairs), rows, gap_summary(gaps), changed, time.perf_counter() - t0)
     views = [viewer_sample(tok, r["pair"], r["where"], ids_s[k], ids_t[k], diffs[k], samples[k], ls[k], lt[k], fmt_s)
              for k, r in enumerate(rows)]
-    write_outputs(Path(cfg.out), f"opct check: {Path(cfg.pairs).name} on {cfg.model}", summary, rows, views)
+    asked = [next(m["content"] for m in reversed(p.student) if m["role"] == "user") for p in chosen]
+    write_outputs(Path(cfg.out), f"opct check: {Path(cfg.pairs).name} on {cfg.model}", summary, rows, views, asked)
     return summary
 
 
@@ -200,14 +201,16 @@ def summarise(cfg, n_file: int, rows: list[dict], gap: dict, changed: dict, seco
             "wall_seconds": round(seconds, 1)}
 
 
-def write_outputs(out: Path, title: str, summary: dict, rows: list[dict], views: list[dict]) -> None:
-    """check.html (the viewer, the pairs with the most signal first) and check.json, each written whole."""
+def write_outputs(out: Path, title: str, summary: dict, rows: list[dict], views: list[dict], asked: list[str]) -> None:
+    """check.html (the viewer, the pairs with the most signal first; each pair's greedy answers under its perturbed
+    side's last user turn, `asked`) and check.json, each written whole."""
     out.mkdir(parents=True, exist_ok=True)
     rank = {r["pair"]: -r["gap_mean"] for r in rows}
     views = sorted(views, key=lambda v: rank[v["pair"]])
-    evals = [{"axis": "check", "split": "greedy", "id": r["where"], "prompt": "",
+    evals = [{"axis": "check", "split": "greedy", "id": r["where"], "prompt": q,
               "answers": [{"method": "perturbed prompt", "text": r["answer"]["student"], "verdict": {}},
-                          {"method": "clean prompt", "text": r["answer"]["teacher"], "verdict": {}}]} for r in rows]
+                          {"method": "clean prompt", "text": r["answer"]["teacher"], "verdict": {}}]}
+             for r, q in zip(rows, asked)]
     viewer.write(out / "check.html", title, [{"label": "one sample per pair from the perturbed prompt",
                                                "samples": views}], evals, header_html(summary, rows))
     write_json(out / "check.json", {**summary, "pairs": rows})
@@ -229,7 +232,7 @@ def header_html(summary: dict, rows: list[dict]) -> str:
         f"{r['differing_tokens']['teacher']}</td><td>{'yes' if r['added_only'] else e(repr(r['changed_text']))}</td>"
         f"<td>{e(str(r['answer_key']['student']))} / {e(str(r['answer_key']['teacher']))}</td>"
         f"<td>{r['gap_mean']:.3f}</td></tr>" for r in rows)
-    return (f"<p class='verdict'><b>{e(summary['line'])}</b></p>"
+    return (f"<p class='check-verdict'><b>{e(summary['line'])}</b></p>"
             + "".join(f"<p class='warning'>warning: {e(w)}</p>" for w in summary["warnings"]) + "<ul>"
             + "".join(f"<li>{e(x)}</li>" for x in figures) + "</ul><details><summary>every sampled pair</summary>"
             "<table><tr><th>pair</th><th>where</th><th>tokens differing (perturbed / clean)</th>"
