@@ -66,3 +66,39 @@ def test_the_option_is_offered_by_train_and_demo_only():
     assert config.DemoConfig().token_log_every == 5  # on in the demos
     assert "token_log_every" not in {f.name for f in __import__("dataclasses").fields(config.SFTConfig)}
     json.dumps(config.TrainConfig(token_log_every=2).token_log_every)
+
+
+def test_a_thinking_models_reasoning_tokens_are_marked(tmp_path):
+    """`reasoning` is true exactly before the answer starts (ChatFormat.answer_start), and for every token of a
+    reply whose reasoning never closed; the logged values and the loss mask are the step's, token for token."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from opct.data.chat import ChatFormat
+    from tests.conftest import make_tiny_model
+    from tests.train.test_thinking import TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path / "m", extra_tokens=("<think>", "</think>"),
+                                                        chat_template=TEMPLATE))
+    fmt = ChatFormat.of(tok)
+    prompt = fmt.prompt([{"role": "user", "content": "What is 2+2?"}])
+    closed = tok.encode("Two and two.\n</think>\n\nIt is 4.<|im_end|>", add_special_tokens=False)
+    unclosed = tok.encode("<think>\nStill thinking", add_special_tokens=False)
+    T = len(closed)
+    logp_s = -torch.arange(2 * T, dtype=torch.float32).reshape(2, T) / 10
+    mask = torch.ones(2, T)
+    mask[1, len(unclosed):] = 0  # padding
+    mask[0, 0] = 0  # e.g. a token left out of the loss
+    sink = tokens.StepTokens(7, [3, 5])
+    sink.add([prompt, prompt], [prompt, prompt], [closed, unclosed], logp_s, logp_s - 1, mask)
+    sink.write(tmp_path / "run", tok, fmt)
+    rows = tokens.read_step(tmp_path / "run", 7)[0].to_pylist()
+    first, second = [r for r in rows if r["sample"] == 0], [r for r in rows if r["sample"] == 1]
+    start = fmt.answer_start(prompt, closed)
+    assert 0 < start < len(closed)
+    assert [r["reasoning"] for r in first] == [i < start for i in range(len(closed))]
+    assert len(second) == len(unclosed) and all(r["reasoning"] for r in second)
+    assert [r["in_loss"] for r in first] == [False] + [True] * (len(closed) - 1)
+    assert [r["logp_student"] for r in first] == pytest.approx(logp_s[0].tolist())
+    assert [r["logp_teacher"] for r in second] == pytest.approx((logp_s[1, :len(unclosed)] - 1).tolist())
+    assert {r["pair"] for r in first} == {3} and {r["pair"] for r in second} == {5}
