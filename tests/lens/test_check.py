@@ -62,6 +62,25 @@ def test_pairs_that_also_reword_the_clean_prompt_are_named(tiny_model_dir, tmp_p
     assert json.loads((out / "check.json").read_text())["beyond_cue"] == 4
 
 
+def test_a_declared_cue_must_be_in_the_perturbed_prompt_alone(tiny_model_dir, tmp_path):
+    """CTM's mcq-bias rows declare their cue (biasing_text): read as CTM's reader reads them, it is checked."""
+    rows = []
+    for i, q in enumerate(QS[:4]):
+        cue = "I think it's (B)."
+        rows.append({"question": q, "question_id": str(i), "source_dataset": "x", "prompt_style": "none",
+                     "bias_type": "suggested_answer", "ground_truth": "A", "biased_option": "B",
+                     "biasing_text": cue if i else "a cue that is nowhere",
+                     "biased_messages": [{"role": "user", "content": f"{q} {cue}"}],
+                     "unbiased_messages": [{"role": "user", "content": q}]})
+    f = tmp_path / "mcq_bias.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, out = check(tiny_model_dir, tmp_path, f, "--pairs-format", "ctm")
+    got = json.loads((out / "check.json").read_text())
+    assert rc == 0 and got["declared_cues"] == 4 and got["cues_misplaced"] == 1
+    assert [r["cue_in_place"] for r in got["pairs"]] == [False, True, True, True]
+    assert any("declare a cue that is not in the perturbed prompt" in w for w in got["warnings"])
+
+
 def test_a_bad_pairs_file_is_exit_2_naming_file_and_line(tiny_model_dir, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"student": [{"role": "user", "content": "x"}], "teacher": []}\n')

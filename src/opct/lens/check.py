@@ -4,7 +4,8 @@ On a seeded sample of the file's pairs, with the model that would be trained (no
 teacher are the same weights, so the only difference between them is the prompt):
   1. render   both sides as training renders them (ChatFormat.sides) and diff the tokens (lens/diff.py): pairs whose
               sides render identically train nothing; pairs whose perturbed side is not the clean side with text
-              added (`added_only`) also reword or drop part of the clean prompt;
+              added (`added_only`) also reword or drop part of the clean prompt; a pair that declares its cue
+              (CTM's mcq-bias "biasing_text", or "cue") has it in the perturbed prompt and not in the clean one;
   2. answers  the greedy answer to each side: for multiple-choice pairs the answer read from "(B)" or "The answer
               is ...", else the normalised text; the share that changes between the two prompts;
   3. gap      one sample per pair from the perturbed prompt (as the student samples at the start of training),
@@ -39,6 +40,7 @@ from opct.lens import viewer
 from opct.lens.diff import added_only, token_diff
 from opct.stats import rate_cell, wilson
 
+DECLARED = ("biasing_text", "cue")  # a pair's own statement of its cue: CTM's mcq-bias rows, or a pairs file's "cue"
 HEAD = 8  # "the first tokens": a response's first 8 (as training's kl_head)
 NO_GAP = 0.01  # nats per token: below this mean gap, with no answer changing, a file carries no signal
 TOP_SHARE = 0.5  # concentrated: the top tenth of the pairs carry more than this share of the summed gap
@@ -61,6 +63,13 @@ def answer_key(text: str) -> str | None:
 
 def normalised(text: str) -> str:
     return " ".join(text.lower().split())
+
+
+def declared_cue(meta: dict, student_text: str, teacher_text: str) -> tuple[str | None, bool | None]:
+    """The cue a pair declares (DECLARED), and whether it is where a cue goes: in the perturbed prompt and not in
+    the clean one (None: no cue declared)."""
+    cue = next((meta[k].strip() for k in DECLARED if isinstance(meta.get(k), str) and meta[k].strip()), None)
+    return cue, None if cue is None else (cue in student_text and cue not in teacher_text)
 
 
 def sample_indices(n_pairs: int, n: int, seed: int) -> list[int]:
@@ -151,7 +160,9 @@ def run_check(cfg) -> dict:
     ids_s = [fmt_s.prompt(p.student) for p in chosen]
     ids_t = [fmt_t.prompt(p.teacher) for p in chosen]
     diffs = [token_diff(s, t) for s, t in zip(ids_s, ids_t)]
-    added = [added_only(tok.decode(s), tok.decode(t)) for s, t in zip(ids_s, ids_t)]
+    texts = [(tok.decode(s), tok.decode(t)) for s, t in zip(ids_s, ids_t)]
+    added = [added_only(s, t) for s, t in texts]
+    cues = [declared_cue(p.meta, s, t) for p, (s, t) in zip(chosen, texts)]
     # 2. the greedy answers to each side
     greedy = SamplingSettings(cfg.max_new_tokens, 0.0)
     _, ans_s = answers(policy, fmt_s, ids_s, greedy, cfg.seed, cfg.batch_size)
@@ -167,6 +178,7 @@ def run_check(cfg) -> dict:
     rows = [{"pair": i, "where": chosen[k].meta.get("_where", f"pair {i}"), "identical": diffs[k].identical,
              "differing_tokens": {"student": diffs[k].n_student, "teacher": diffs[k].n_teacher},
              "first_difference": diffs[k].first(), "added_only": added[k][0], "changed_text": added[k][1],
+             "declared_cue": cues[k][0], "cue_in_place": cues[k][1],
              "answer": {"student": ans_s[k], "teacher": ans_t[k]},
              "answer_key": {"student": changed["keys"][k][0], "teacher": changed["keys"][k][1]},
              "gap_mean": sum(gaps[k]) / len(gaps[k]) if gaps[k] else 0.0, "gap_tokens": len(gaps[k])}
@@ -193,9 +205,15 @@ def summarise(cfg, n_file: int, rows: list[dict], gap: dict, changed: dict, seco
         warnings.append(f"{len(beyond)} of {n} pairs differ beyond added text: the clean prompt is also reworded or "
                         f"cut (pair {beyond[0]['pair']}: its clean side's {beyond[0]['changed_text']!r}), so the "
                         "student also learns to answer those differences")
+    misplaced = [r for r in rows if r["cue_in_place"] is False]
+    if misplaced:
+        warnings.append(f"{len(misplaced)} of {n} pairs declare a cue that is not in the perturbed prompt alone (pair "
+                        f"{misplaced[0]['pair']}: {misplaced[0]['declared_cue'][:60]!r})")
     ranked = sorted(rows, key=lambda r: r["gap_mean"], reverse=True)
     return {"verdict": word, "line": line, "pairs_file": str(cfg.pairs), "model": cfg.model, "pairs_in_file": n_file,
-            "sampled": n, "seed": cfg.seed, "identical": identical, "beyond_cue": len(beyond), "warnings": warnings,
+            "sampled": n, "seed": cfg.seed, "identical": identical, "beyond_cue": len(beyond),
+            "declared_cues": sum(r["declared_cue"] is not None for r in rows), "cues_misplaced": len(misplaced),
+            "warnings": warnings,
             "answers": {k: v for k, v in changed.items() if k != "keys"}, "gap": gap,
             "most_signal": [r["pair"] for r in ranked[:3]], "least_signal": [r["pair"] for r in ranked[-3:][::-1]],
             "wall_seconds": round(seconds, 1)}
@@ -244,7 +262,9 @@ def print_summary(summary: dict) -> None:
     g, a = summary["gap"], summary["answers"]
     print(f"opct check: {summary['sampled']} of {summary['pairs_in_file']} pairs of {summary['pairs_file']} on "
           f"{summary['model']} ({summary['wall_seconds']} s)")
-    print(f"  prompts: {summary['identical']} render identically, {summary['beyond_cue']} differ beyond added text")
+    print(f"  prompts: {summary['identical']} render identically, {summary['beyond_cue']} differ beyond added text"
+          + (f"; {summary['declared_cues']} declare their cue, {summary['cues_misplaced']} not where a cue goes"
+             if summary["declared_cues"] else ""))
     print(f"  greedy answers ({a['kind']}): {a['changed']['value'] or 0:.1%} change with the perturbation "
           f"[{a['changed']['lo']:.1%}, {a['changed']['hi']:.1%}]" + (f", {a['unread']} unread" if a["unread"] else ""))
     spread = g["pair_quantiles"]
