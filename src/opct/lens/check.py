@@ -244,7 +244,8 @@ def header_html(summary: dict, rows: list[dict]) -> str:
                + (f", {a['unread']} unread" if a["unread"] else ""),
                f"gap per token {g['mean_per_token']:.4f} nats over {g['tokens']} tokens"
                + (f"; first {HEAD} tokens {g['head_mean']:.4f}, rest {g['tail_mean']:.4f}"
-                  if g["head_mean"] is not None and g["tail_mean"] is not None else "")]
+                  if g["head_mean"] is not None and g["tail_mean"] is not None else "")
+               + (f"; the first {HEAD} tokens carry {g['head_share']:.0%} of it" if g["head_share"] is not None else "")]
     body = "".join(
         f"<tr><td>{r['pair']}</td><td>{e(r['where'])}</td><td>{r['differing_tokens']['student']} / "
         f"{r['differing_tokens']['teacher']}</td><td>{'yes' if r['added_only'] else e(repr(r['changed_text']))}</td>"
@@ -271,7 +272,8 @@ def print_summary(summary: dict) -> None:
     print(f"  gap log p_student - log p_teacher: {g['mean_per_token']:.4f} nats per token"
           + (f"; per pair p10 {spread['p10']:.3f} median {spread['median']:.3f} p90 {spread['p90']:.3f}" if spread else "")
           + (f"; first {HEAD} tokens {g['head_mean']:.4f}, rest {g['tail_mean']:.4f}" if g["tail_mean"] is not None
-             else ""))
+             else "")
+          + (f"; the first {HEAD} tokens carry {g['head_share']:.0%} of it" if g["head_share"] is not None else ""))
     print(f"  most signal: pairs {summary['most_signal']}; least: {summary['least_signal']}")
     for w in summary["warnings"]:
         print(f"  warning: {w}")
