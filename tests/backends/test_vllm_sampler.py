@@ -19,6 +19,7 @@ pytest.importorskip("vllm")
 
 from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler  # noqa: E402
 from opct.backends.sampling import SamplingSettings  # noqa: E402
+from tests.procs import run_tree  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -408,7 +409,6 @@ def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
     match a single-process run (up to fp32 batch-composition noise)."""
     import os
     import socket
-    import subprocess
     import sys
 
     with socket.socket() as s:
@@ -425,8 +425,7 @@ def test_torchrun_two_ranks_one_vllm_engine_each_match_one_process(tmp_path):
     for cmd in ([sys.executable, "-m", "opct", *args, "--out", str(one)],
                 [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                  "--master-port", str(port), "-m", "opct", *args, "--out", str(two)]):
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-        assert p.returncode == 0, p.stderr[-3000:]
+        p = run_tree(cmd, 1200, env)  # past the timeout every rank (and its engine) is killed
         # each engine exits on SIGTERM within close()'s grace period: none SIGKILLed, no shared memory left behind
         assert "force killing" not in p.stderr and "leaked shared_memory" not in p.stderr, p.stderr[-3000:]
     a = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]

@@ -16,6 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.procs import kill_tree, run_tree
+
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                  reason="needs torch.distributed with gloo")]
@@ -41,22 +43,10 @@ def command(model_dir, pairs, out, procs: int, *extra, steps: int = 3) -> list[s
             "--backend", "hf", "--threads", "1"]
 
 
-def run(cmd, env=None, timeout: int = 300, **kw) -> subprocess.CompletedProcess:
-    """`cmd` to its end, in a session of its own: past `timeout` the launcher and every rank it started are killed
-    (subprocess.run's own timeout kills only the launcher, which left a hung rank running after the test) and the
-    test fails with their output."""
-    env = env or {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, **kw)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(map(str, cmd[:8]))} ...: no exit after {timeout} s; stderr:\n{err[-3000:]}")
-    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return p
+def run(cmd, env=None, timeout: int = 300, ok: bool | None = True, **kw) -> subprocess.CompletedProcess:
+    """`cmd` to its end with OMP_NUM_THREADS=1 (tests.procs.run_tree: past `timeout` torchrun and every rank it
+    started are killed and the test fails with the ranks' stacks)."""
+    return run_tree(cmd, timeout, env or {**os.environ, "OMP_NUM_THREADS": "1"}, ok, **kw)
 
 
 def metrics(out: Path) -> list[dict]:
@@ -155,8 +145,8 @@ def test_prompts_must_divide_over_processes(setup, tiny_model_dir):
     d, pairs = setup
     cmd = command(tiny_model_dir, pairs, d / "odd", 2, "train", "--lora-rank", "4")
     cmd[cmd.index("--prompts-per-step") + 1] = "3"
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert p.returncode != 0 and "--prompts-per-step 3 does not divide evenly over 2 processes" in p.stderr
+    p = run(cmd, ok=False)
+    assert "--prompts-per-step 3 does not divide evenly over 2 processes" in p.stderr
 
 
 def test_parallel_without_torchrun_is_an_error(setup, tiny_model_dir):
@@ -192,13 +182,17 @@ def _kill_after_step_2(cmd: list[str], out: Path) -> None:
     stops the other)."""
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.time() + 240
-    while not (out / "checkpoints" / "step-000002" / "manifest.json").exists():
-        assert launcher.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.01)
-    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
-    os.kill(int(children[-1]), signal.SIGKILL)
-    assert launcher.wait(timeout=120) != 0
+    try:
+        deadline = time.time() + 240
+        while not (out / "checkpoints" / "step-000002" / "manifest.json").exists():
+            assert launcher.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
+            time.sleep(0.01)
+        children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+        os.kill(int(children[-1]), signal.SIGKILL)
+        assert launcher.wait(timeout=120) != 0
+    finally:  # a failed wait leaves no rank running
+        if launcher.poll() is None:
+            kill_tree(launcher.pid)
     assert not (out / "run.json").exists() and len(metrics(out)) < 12
 
 
@@ -254,10 +248,8 @@ def test_resume_with_another_process_count_is_refused(setup, tiny_model_dir, par
     run(command(tiny_model_dir, pairs, out, 2, *base, steps=2))
     (out / "run.json").unlink()  # pretend it stopped after its last checkpoint
     procs = 1 if parallel == "ddp" else 4  # `--parallel fsdp` needs several processes; 4 ranks load the model, then stop
-    p = subprocess.run(command(tiny_model_dir, pairs, out, procs, *base, "--resume", steps=2), capture_output=True,
-                       text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = run(command(tiny_model_dir, pairs, out, procs, *base, "--resume", steps=2), ok=False)
     now = "1 (none)" if parallel == "ddp" else "4 (fsdp)"
-    assert p.returncode != 0
     assert f"written by 2 process(es) ({parallel}), resumed with {now}" in p.stderr, p.stderr[-2000:]
 
 

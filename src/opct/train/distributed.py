@@ -152,14 +152,22 @@ def init(device: torch.device, mode: str) -> tuple[Replicas, torch.device]:
     return Replicas(dist.get_rank(), dist.get_world_size(), mode), device
 
 
+# The process groups of the runs that ended here, kept to the interpreter's exit (close's docstring says why).
+_ENDED_GROUPS: list = []
+
+
 def close(replicas: Replicas) -> None:
-    """The end of a finished run on every rank. A barrier first, waited on with the GIL released: a gloo worker
-    thread still has to drop the tensors of the last collective (`broadcast_object_list`'s, which Python owns, so
-    it needs the GIL); the DDP reducer, freed once the run returns, holds the GIL in its destructor while that
-    destroys the process group, which joins those threads, so without the wait the two could deadlock and a rank
-    never exit (pytorch/pytorch#56297; seen here as a torchrun test that hung in 2 of 2 suite runs)."""
+    """The end of a finished run on every rank: a barrier, then the process group is destroyed, its Python handle
+    kept. Why the handle: the DDP reducer, freed once the run returns, holds the GIL in its destructor; when it
+    holds the last reference to the group, that destructor joins gloo's worker threads, and a worker still dropping
+    the tensors of the run's last collective (`broadcast_object_list`'s, which Python owns) needs the GIL, so the
+    rank never exits (pytorch/pytorch#56297; a torchrun test hung in 2 of 2 suite runs, and with the barrier alone,
+    which narrows the race but does not close it, still hung a CI run). With the handle kept, the reducer's
+    destructor only drops its reference, and the group ends with the handle at exit, where torch's binding
+    (IntrusivePtrNoGilDestructor) releases the GIL before the join."""
     if replicas.world > 1 and dist.is_initialized():
         dist.barrier()
+        _ENDED_GROUPS.append(dist.group.WORLD)
         dist.destroy_process_group()
 
 
