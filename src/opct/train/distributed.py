@@ -161,9 +161,10 @@ def close(replicas: Replicas) -> None:
     kept. Why the handle: the DDP reducer, freed once the run returns, holds the GIL in its destructor; when it
     holds the last reference to the group, that destructor joins gloo's worker threads, and a worker still dropping
     the tensors of the run's last collective (`broadcast_object_list`'s, which Python owns) needs the GIL, so the
-    rank never exits (pytorch/pytorch#56297; a torchrun test hung in 2 of 2 suite runs, and with the barrier alone,
-    which narrows the race but does not close it, still hung a CI run). With the handle kept, the reducer's
-    destructor only drops its reference, and the group ends with the handle at exit, where torch's binding
+    rank never exits (pytorch/pytorch#56297; a torchrun test hung in 2 of 2 suite runs; the barrier alone narrows
+    the race but does not close it, and most likely a CI run still hung on it). With the handle kept, the reducer's
+    destructor only drops its reference. Under torchrun `python -m opct` then leaves with os._exit, so no join is
+    left at all; in library use the group ends with the handle at interpreter exit, where torch's binding
     (IntrusivePtrNoGilDestructor) releases the GIL before the join."""
     if replicas.world > 1 and dist.is_initialized():
         dist.barrier()
