@@ -6,10 +6,10 @@ open: the test's wait for them then never ends (a CI run stopped at its time lim
 every descendant gets SIGABRT first (PYTHONFAULTHANDLER=1 makes a Python rank print each thread's stack on it), then
 SIGKILL, and the test fails with the stacks in its message."""
 
+import contextlib
 import os
 import signal
 import subprocess
-import time
 
 import psutil
 import pytest
@@ -39,20 +39,15 @@ def run_tree(cmd: list, timeout: float = 300, env: dict | None = None, ok: bool 
 
 
 def kill_tree(pid: int) -> None:
-    """SIGABRT to every descendant of `pid` (their stacks), then SIGKILL to them and to `pid`."""
-    try:
+    """SIGABRT to every descendant of `pid` (their stacks), up to 3 s for them to print and die, then SIGKILL to
+    those left and to `pid`."""
+    with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
         tree = root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for p in tree:
-        try:
-            p.send_signal(signal.SIGABRT)
-        except psutil.NoSuchProcess:
-            pass
-    time.sleep(3)
-    for p in [*tree, root]:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGABRT)
+        _, alive = psutil.wait_procs(tree, timeout=3)
+        for p in [*alive, root]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

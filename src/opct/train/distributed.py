@@ -152,20 +152,18 @@ def init(device: torch.device, mode: str) -> tuple[Replicas, torch.device]:
     return Replicas(dist.get_rank(), dist.get_world_size(), mode), device
 
 
-# The process groups of the runs that ended here, kept to the interpreter's exit (close's docstring says why).
+# The process groups of the runs that ended here, kept to the interpreter's exit (see close).
 _ENDED_GROUPS: list = []
 
 
 def close(replicas: Replicas) -> None:
     """The end of a finished run on every rank: a barrier, then the process group is destroyed, its Python handle
-    kept. Why the handle: the DDP reducer, freed once the run returns, holds the GIL in its destructor; when it
-    holds the last reference to the group, that destructor joins gloo's worker threads, and a worker still dropping
-    the tensors of the run's last collective (`broadcast_object_list`'s, which Python owns) needs the GIL, so the
-    rank never exits (pytorch/pytorch#56297; a torchrun test hung in 2 of 2 suite runs; the barrier alone narrows
-    the race but does not close it, and most likely a CI run still hung on it). With the handle kept, the reducer's
-    destructor only drops its reference. Under torchrun `python -m opct` then leaves with os._exit, so no join is
-    left at all; in library use the group ends with the handle at interpreter exit, where torch's binding
-    (IntrusivePtrNoGilDestructor) releases the GIL before the join."""
+    kept. The DDP reducer, freed once the run returns, holds the GIL in its destructor; were it the group's last
+    owner, that destructor would join gloo's worker threads while one of them may still wait for the GIL to drop
+    the last collective's Python-owned tensors: a rank that never exits (pytorch/pytorch#56297). With the handle
+    kept, the reducer only drops its reference; the group ends with the handle at exit (or never: `python -m opct`
+    under torchrun leaves with os._exit), and torch's binding releases the GIL before that join.
+    docs/reliability.md has the history."""
     if replicas.world > 1 and dist.is_initialized():
         dist.barrier()
         _ENDED_GROUPS.append(dist.group.WORLD)
