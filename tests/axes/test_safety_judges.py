@@ -2,12 +2,10 @@
 here), local model (tiny random model); and the verdict parser."""
 
 import re
-import sys
-import types
 
 import pytest
 
-import opct.judges
+from opct.judges import endpoint
 from opct.axes.safety.evaluate import summarize
 from opct.axes.safety.facts import Fact, load_facts
 from opct.axes.safety.judges import (RUBRIC, JudgeError, KeywordJudge, LLMJudge, LocalJudge, get_judge, parse_verdict,
@@ -67,10 +65,7 @@ def fake_endpoint(monkeypatch):
         response = re.findall(r"\nResponse: (.*)\n", messages[0]["content"])[-1]  # the last: after the examples
         return replies[response]
 
-    fake = types.ModuleType("opct.judges.endpoint")
-    fake.chat_completion = chat_completion
-    monkeypatch.setitem(sys.modules, "opct.judges.endpoint", fake)
-    monkeypatch.setattr(opct.judges, "endpoint", fake, raising=False)
+    monkeypatch.setattr(endpoint, "chat_completion", chat_completion)  # the judge looks it up on the module
     return calls, replies
 
 

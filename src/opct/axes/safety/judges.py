@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from opct.axes.safety.facts import Fact, find_keywords, normalize
+from opct.judges import endpoint
 from opct.judges.base import JudgeError, complete_all
 from opct.data.chat import render_prompt
 from opct import models
@@ -153,8 +154,6 @@ class LLMJudge:
         self.concurrency = concurrency  # requests in flight at once (a server batches them); order is kept
 
     def judge(self, prompts: list[str], responses: list[str], facts: list) -> list[Verdict]:
-        from opct.judges import endpoint  # imported here so tests can monkeypatch endpoint.chat_completion
-
         _check_lengths(prompts, responses, facts)
 
         def complete(messages: list[dict]) -> str:
