@@ -39,14 +39,16 @@ def judge_figures(axis: str, res: dict) -> dict:
     parse (safety: the SAGE rubric's verdicts; jailbreak: the StrongREJECT rubric's, per split). Sycophancy has no
     judge: {}."""
     out = {}
-    for method, r in methods_view(read_results(res)).items():
+    for method, ev in methods_view(read_results(res)).items():
+        counts, details = ev["counts"], ev["details"]
         if axis == "safety":
-            out[method] = {"responses": sum(r["n_responses"].values()), "unparseable": sum(r["n_unparsed"].values())}
-        elif axis == "jailbreak" and "rubric" in r:
-            unparsed = r["rubric"]["unparseable"]
-            out[method] = {"judge": r["rubric"]["judge"], "unparseable": sum(unparsed.values()),
-                           "unparseable_by_split": unparsed,
-                           "parsed_by_split": {k: v["n"] for k, v in r["rubric"]["asr"].items()}}
+            out[method] = {"responses": sum(counts["n_responses"].values()),
+                           "unparseable": sum(counts["n_unparsed"].values())}
+        elif axis == "jailbreak" and "rubric" in details:
+            rubric = details["rubric"]
+            out[method] = {"judge": rubric["judge"], "unparseable": sum(rubric["unparseable"].values()),
+                           "unparseable_by_split": rubric["unparseable"],
+                           "parsed_by_split": {k: v["n"] for k, v in rubric["asr"].items()}}
     return out
 
 

@@ -1,6 +1,7 @@
 """Compare two folders written by dev/behaviour_check.sh (old code, new code): exit 0 when they agree.
 
-What must agree: dev/eval_seam_check.py's file (byte for byte); each demo's results.json read through this opct's
+What must agree: dev/eval_seam_check.py's file (each result's evaluation read through this opct's reader,
+opct.experiment.read_evaluation; the samples row for row); each demo's results.json read through this opct's
 reader (opct.experiment.read_results), less its timings; every logged per-step value of every training run (less
 wall-clock times); every run's adapter weights; every per-example samples file; each Inspect log's samples.
 Differences a change intends (e.g. a comparison an axis did not have before) are listed with --allow KEY (a
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 
 from opct.axes.verdicts import VERDICTS
-from opct.experiment import TRAINED, first_seed, read_results, run_name
+from opct.experiment import TRAINED, first_seed, read_evaluation, read_results, run_name
 
 TIME_KEYS = ("time_", "_seconds", "tok_s", "tokens_per_s", "threads", "peak_mem")  # the machine's, not the run's
 
@@ -34,6 +35,15 @@ def load(path: Path, root: Path):
 def steps(path: Path) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [{k: v for k, v in r.items() if not any(t in k for t in TIME_KEYS)} for r in rows]
+
+
+def eval_result(res: dict | None, axis: str):
+    """An `opct eval --axis` result ({"axis", "info", **its evaluation}) with its evaluation read through this opct's
+    reader (opct.experiment.read_evaluation: one written flat, before 2026-12-04, in the schema's sections)."""
+    if not isinstance(res, dict):
+        return res
+    head = {k: res[k] for k in ("axis", "model", "info") if k in res}
+    return {**head, **read_evaluation({k: v for k, v in res.items() if k not in head}, axis)}
 
 
 def results(path: Path, root: Path) -> dict:
@@ -87,7 +97,8 @@ def main():
         checked += 1
         o, n = eo.get(key, {}), en.get(key, {})
         rows = same_rows(o.get("samples") or [], n.get("samples") or [], key.split("/")[0])
-        if o.get("result") != n.get("result") or not rows:
+        axis = key.split("/")[0]
+        if eval_result(o.get("result"), axis) != eval_result(n.get("result"), axis) or not rows:
             bad.append(f"eval_seam.json {key} differs")
         elif rows == "verdicts":
             allowed.append(f"eval_seam.json {key}: every sample row also carries its verdict")

@@ -64,8 +64,8 @@ def main():
         "agreement_on_parsed": sum(l == k for l, k in parsed) / max(1, len(parsed)),
         "both_pass": sum(l and k for l, k in parsed), "llm_only": sum(l and not k for l, k in parsed),
         "keyword_only": sum(k and not l for l, k in parsed),
-        "llm_pass_rate": {s: res["pass_rate"][s]["value"] for s in res["pass_rate"]},
-        "llm_over_warning": res.get("over_warning", {}).get("contrast", {}).get("value"),
+        "llm_pass_rate": {s: c["value"] for s, c in res["metrics"]["pass_rate"].items()},
+        "llm_over_warning": res["metrics"].get("over_warning", {}).get("contrast", {}).get("value"),
     }
     print(json.dumps(summary, indent=1))
     out.with_name(out.stem + "-summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from opct.cli import main
+from opct.experiment import evaluation
 
 GOOD = {"student": [{"role": "user", "content": "Hi (B)?"}], "teacher": [{"role": "user", "content": "Hi?"}]}
 
@@ -234,7 +235,8 @@ def test_eval_prints_a_rate_over_no_item_as_a_dash(capsys, monkeypatch):
     import opct.evaluate
 
     empty = {"value": None, "lo": 0.0, "hi": 1.0, "n": 0}
-    monkeypatch.setattr(opct.evaluate, "run_eval", lambda cfg: {"sycophancy_rate": {"shifted_heldout_cues": empty}})
+    monkeypatch.setattr(opct.evaluate, "run_eval",
+                        lambda cfg: evaluation({"sycophancy_rate": {"shifted_heldout_cues": empty}}))
     assert main(["eval", "--axis", "sycophancy", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "sycophancy_rate  shifted_heldout_cues   -    [0.000, 1.000]  n=0" in out

@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from opct.axes import get_axis
 from opct.cli import main
 from opct.experiment import methods_view
 
@@ -21,12 +20,13 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
     assert methods_view(res) == {"base": res["runs"]["base"], "sft": res["runs"]["sft-seed0"],
                                  "opct": res["runs"]["opct-seed0"]}
     shifted = {"shifted_heldout_cues", "shifted_system_cue", "shifted_pushback"}
-    for m in res["runs"].values():
+    for ev in res["runs"].values():
+        m = ev["metrics"]
         assert set(m["sycophancy_rate"]) == {"train_cues", "heldout_cues", "system_cue", "pushback"} | shifted
         for split, cell in m["sycophancy_rate"].items():
             assert cell["n"] == (6 if split in shifted else 8) and cell["lo"] <= cell["value"] <= cell["hi"]
         assert m["clean_accuracy"]["n"] == 10 and m["shifted_clean_accuracy"]["n"] == 6
-        per = get_axis("sycophancy").units(m)["sycophancy_rate"]  # the 0/1s behind each rate (what --seeds averages)
+        per = ev["units"]["sycophancy_rate"]  # the 0/1s behind each rate (what comparisons pair, --seeds averages)
         assert all(sum(per[s].values()) / len(per[s]) == pytest.approx(c["value"]) for s, c in m["sycophancy_rate"].items())
     diff = res["comparison"]["opct_minus_sft"]["sycophancy_rate"]["shifted_heldout_cues"]
     assert diff["n"] == 6 and diff["lo"] <= diff["value"] <= diff["hi"]
@@ -47,9 +47,10 @@ def test_demo_smoke_and_eval_reproduces(tiny_model_dir, tmp_path, capsys):
                  "--n-eval", "10", "--cued-n", "8", "--shift-n", "6", "--out", str(tmp_path / "eval.json")])
     assert code == 0
     again = json.loads((tmp_path / "eval.json").read_text())
-    for metric in ("sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy", "shifted_clean_accuracy",
-                   "per_item"):
-        assert again[metric] == res["runs"]["opct-seed0"][metric], metric
+    for section in ("metrics", "units", "counts", "details"):
+        assert again[section] == res["runs"]["opct-seed0"][section], section
+    assert set(again["metrics"]) == {"sycophancy_rate", "brr", "consistency", "cued_accuracy", "clean_accuracy",
+                                     "shifted_clean_accuracy"}
     # the same answers prompt by prompt, and the same Inspect log's samples as the demo's
     # (Inspect's own names, <created>_<task>_<run>_<id>.json: beside eval.json, and in the demo's inspect/)
     (eval_log,), (opct_log,) = (list(d.glob(f"*_sycophancy_{r}_*.json")) for d, r in ((tmp_path, "eval"),
@@ -81,17 +82,17 @@ def test_demo_seeds_trains_each_method_per_seed_and_reports_them_across_seeds(ti
     seeds = res["seeds"]
     assert seeds["train_seeds"] == [3, 4] and seeds["runs"]["opct"] == ["opct-seed3", "opct-seed4"]
     row = seeds["table"]["sycophancy_rate"]["shifted_heldout_cues"]
-    per = [res["runs"][r]["per_item"]["shifted_heldout_cues"] for r in ("opct-seed3", "opct-seed4")]
+    per = [res["runs"][r]["units"]["sycophancy_rate"]["shifted_heldout_cues"] for r in ("opct-seed3", "opct-seed4")]
     assert row["opct"]["per_seed"] == pytest.approx([sum(p.values()) / len(p) for p in per])
     assert row["opct"]["value"] == pytest.approx(sum(row["opct"]["per_seed"]) / 2) and row["opct"]["n"] == 6
     assert row["opct_minus_sft"]["value"] == pytest.approx(row["opct"]["value"] - row["sft"]["value"])
-    assert row["base"]["value"] == res["runs"]["base"]["sycophancy_rate"]["shifted_heldout_cues"]["value"]
+    assert row["base"]["value"] == res["runs"]["base"]["metrics"]["sycophancy_rate"]["shifted_heldout_cues"]["value"]
     assert "Across 2 training seeds" in (out / "report.md").read_text()
     assert {"train_opct-seed4", "eval_opct-seed4"} <= set(res["timings"])
     # every evaluated model's answers, prompt by prompt, and as an Inspect log (opct.inspect_log)
     rows = [json.loads(x) for x in (out / "samples" / "opct-seed4.shifted.jsonl").read_text().splitlines()]
     pushback = {r["id"]: int(r["answer"] == r["suggested"]) for r in rows if r["split"] == "shifted_pushback"}
-    assert pushback == res["runs"]["opct-seed4"]["per_item"]["shifted_pushback"]
+    assert pushback == res["runs"]["opct-seed4"]["units"]["sycophancy_rate"]["shifted_pushback"]
     logs = {p.name.split("_")[2]: p for p in (out / "inspect").iterdir()}  # <created>_<task>_<run>_<id>.json
     assert sorted(logs) == sorted(("base", "sft-seed3", "opct-seed3", "sft-seed4", "opct-seed4"))
     assert len(list((out / "inspect").iterdir())) == 5
@@ -123,7 +124,7 @@ def test_demo_with_controls_trains_each_as_opct_with_one_setting_changed_and_com
         assert differs.items() <= changed.items() and all(cfg[k] == v for k, v in changed.items())
         assert differs == {k: v for k, v in changed.items() if k != "loss"}  # the sycophancy axis' OPCT: sampled
         d = res["comparison"][f"{c}_minus_opct"]["sycophancy_rate"]["shifted_pushback"]
-        a, b = (res["runs"][f"{m}-seed0"]["per_item"]["shifted_pushback"] for m in (c, "opct"))
+        a, b = (res["runs"][f"{m}-seed0"]["units"]["sycophancy_rate"]["shifted_pushback"] for m in (c, "opct"))
         assert d["value"] == pytest.approx(sum(a[q] - b[q] for q in a) / len(a))
         row = res["seeds"]["table"]["sycophancy_rate"]["heldout_cues"]
         assert row[f"{c}_minus_opct"]["value"] == pytest.approx(row[c]["value"] - row["opct"]["value"])
@@ -185,6 +186,9 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     stamp = first.stat().st_mtime_ns
 
     monkeypatch.setattr(algo, "train", real_train)
+    stage = out / "safety" / "stages" / "eval_base.json"  # as an opct before 2026-12-04 kept it: flat
+    kept = json.loads(stage.read_text())
+    stage.write_text(json.dumps({**kept["metrics"], **kept["counts"], **kept["details"]}))
     assert main(cmd) == 2 and "pass --resume to continue it" in capsys.readouterr().err
     assert main([*cmd, "--resume"]) == 0
     said = capsys.readouterr().out
@@ -192,6 +196,7 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     assert first.stat().st_mtime_ns == stamp  # kept, not rerun
     syc, saf = (json.loads((out / a / "results.json").read_text()) for a in ("sycophancy", "safety"))
     assert saf["kept_from_before"] == ["eval_base", "train_sft-seed0", "eval_sft-seed0"]
+    assert saf["runs"]["base"] == kept  # the flat stage read back into the schema (Axis.nest)
     assert "train_opct-seed0" in saf["timings"]
     cfg = {a: yaml.safe_load((out / a / "demo.yaml").read_text()) for a in ("sycophancy", "safety")}
     assert (cfg["sycophancy"]["source"], cfg["safety"]["source"]) == (syc["config"]["source"], "facts")
@@ -200,11 +205,11 @@ def test_a_demo_over_several_axes_keeps_the_finished_ones_and_summarises_them(ti
     assert summary["axes"] == ["sycophancy", "safety"] and summary["runs"]["safety"]["model"] == str(tiny_model_dir)
     rows = summary["runs"]["sycophancy"]["headline"]
     assert [(r["metric"], r["split"]) for r in rows][0] == ("sycophancy_rate", "heldout_cues")
-    assert rows[0]["methods"]["opct"] == syc["runs"]["opct-seed0"]["sycophancy_rate"]["heldout_cues"]
-    assert rows[-1]["methods"]["base"] == syc["runs"]["base"]["clean_accuracy"]
+    assert rows[0]["methods"]["opct"] == syc["runs"]["opct-seed0"]["metrics"]["sycophancy_rate"]["heldout_cues"]
+    assert rows[-1]["methods"]["base"] == syc["runs"]["base"]["metrics"]["clean_accuracy"]
     saf_rows = summary["runs"]["safety"]["headline"]
     assert all(c is not None for r in rows + saf_rows for c in r["methods"].values()) and len(saf_rows) == 4  # + heldout_variants
-    assert saf_rows[0]["methods"]["sft"] == saf["runs"]["sft-seed0"]["pass_rate"]["heldout"]
+    assert saf_rows[0]["methods"]["sft"] == saf["runs"]["sft-seed0"]["metrics"]["pass_rate"]["heldout"]
     md = (out / "report.md").read_text()
     assert "# OPCT across axes" in md and "| safety | Pass rate | heldout | higher is better |" in md
     assert (out / "plots" / "headlines.png").is_file() and (out / "report.html").is_file()

@@ -5,8 +5,10 @@ import dataclasses
 
 import pytest
 
-from opct.experiment import (METHODS, TRAINED, compare, compare_seeds, first_runs, methods_view, on_disk, pairs,
-                             parse_methods, parse_run, read_comparison, read_results, run_name)
+from opct.experiment import (METHODS, SECTIONS, TRAINED, compare, compare_seeds, evaluation, first_runs, methods_view,
+                             on_disk, pairs, parse_methods, parse_run, read_comparison, read_evaluation, read_results,
+                             run_name)
+from opct.stats import result_rows
 
 
 def test_every_trained_method_is_compared_with_base_and_the_controls_with_opct():
@@ -93,12 +95,45 @@ def test_an_earlier_results_file_reads_as_one_map_of_runs_named_method_seed(tmp_
     assert list(new["runs"]) == ["base", "sft-seed3", "opct-seed3", "sft-seed4", "opct-seed4"]
     assert "methods" not in new and "seed_runs" not in new and new["comparison"] == old["comparison"]
     assert new["seeds"]["runs"] == {"sft": ["sft-seed3", "sft-seed4"], "opct": ["opct-seed3", "opct-seed4"]}
-    assert methods_view(new) == old["methods"] and read_results(new) == new  # this schema reads as itself
+    assert methods_view(new) == {m: evaluation(r) for m, r in old["methods"].items()}  # flat: filed (Axis.nest)
+    assert read_results(new) == new  # this schema reads as itself
     assert list(read_results({"methods": {"base": {}, "opct": {}}})["runs"]) == ["base", "opct-seed0"]  # no config
     (tmp_path / "opct").mkdir()  # an earlier demo's folder: <out>/opct
     (tmp_path / "sft-seed3").mkdir()
     assert [on_disk(tmp_path, r, new) for r in ("opct-seed3", "sft-seed3", "opct-seed4", "base")] == [
         "opct", "sft-seed3", "opct-seed4", "base"]
+
+
+def test_a_flat_evaluation_an_earlier_opct_wrote_reads_into_the_four_sections():
+    """Before 2026-12-04 an evaluation held its metrics, per-item tables and counts side by side; each axis files
+    them (Axis.nest): metrics, units (what comparisons pair), counts, details. One in the schema reads as itself,
+    one of an axis this opct does not know is left as it is."""
+    c = {"value": 0.5, "lo": 0.1, "hi": 0.9, "n": 2}
+    syc = {"sycophancy_rate": {"pushback": c}, "clean_accuracy": c, "n": {"pushback": 2},
+           "per_item": {"pushback": {"q1": 1, "q2": 0}}, "degenerate": "option A chosen for 20 of 20 questions"}
+    assert read_evaluation(syc, "sycophancy") == {
+        "metrics": {"sycophancy_rate": {"pushback": c}, "clean_accuracy": c},
+        "units": {"sycophancy_rate": {"pushback": {"q1": 1, "q2": 0}}}, "counts": {"n": {"pushback": 2}},
+        "details": {"degenerate": "option A chosen for 20 of 20 questions"}}
+    safety = {"judge": "keyword", "pass_rate": {"heldout": c, "oracle": c}, "over_warning": {"contrast": c},
+              "n_responses": {"heldout": 2}, "n_unparsed": {"heldout": 0},
+              "per_fact": {"heldout": {"f1": 1.0, "f2": 0.0}, "oracle": {"f1": 1.0}, "contrast": {"f3": 0.5}}}
+    ev = read_evaluation(safety, "safety")
+    assert ev["units"] == {"pass_rate": {"heldout": {"f1": 1.0, "f2": 0.0}}, "over_warning": {"contrast": {"f3": 0.5}}}
+    assert ev["counts"] == {"n_responses": {"heldout": 2}, "n_unparsed": {"heldout": 0}}
+    assert ev["details"] == {"judge": "keyword", "per_fact": safety["per_fact"]}  # oracle's facts: the report's table
+    assert set(ev["metrics"]) == {"pass_rate", "over_warning"}
+    jb = {"asr": {"bare": c}, "over_refusal": None, "unparseable": {"bare": 0}, "n": {"bare": 2}, "judge": "refusal",
+          "per_item": {"asr": {"bare": {"b1": 1, "b2": 0}}}, "second_judge": {"judge": "advbench", "over_refusal": c},
+          "adaptive_attack": {"cracked": c, "defence": c, "attempts_per_behaviour": 3, "wrappers": ["w"]}}
+    ev = read_evaluation(jb, "jailbreak")
+    assert ev["metrics"] == {"asr": {"bare": c}, "adaptive_attack": {"cracked": c, "defence": c}}  # no benign: none
+    assert ev["details"] == {"judge": "refusal", "second_judge": jb["second_judge"],
+                             "adaptive_attack": {"attempts_per_behaviour": 3, "wrappers": ["w"]}}
+    assert ev["units"] == jb["per_item"] and ev["counts"] == {"unparseable": {"bare": 0}, "n": {"bare": 2}}
+    assert result_rows(ev) == [("asr", "bare", c), ("adaptive_attack", "cracked", c), ("adaptive_attack", "defence", c)]
+    assert read_evaluation(ev, "jailbreak") == ev and tuple(ev) == SECTIONS
+    assert read_evaluation({"x": 1}, "nope") == {"x": 1} and read_evaluation(None, "safety") is None
 
 
 @pytest.mark.parametrize("axis", ["sycophancy", "safety", "jailbreak"])

@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 
+from opct.experiment import evaluation
 from opct.inspect_log import log_id, write_log, write_logs
 
 # inspect_ai 0.3.285, inspect_ai/log/_file.py: a .json file is a log only when its name matches this (is_log_file)
@@ -59,9 +60,12 @@ ROWS = {
          "passed": False, "reason": ""},
     ],
 }
-RESULT = {"sycophancy": {"clean_accuracy": CELL, "sycophancy_rate": {"heldout_cues": CELL, "shifted_pushback": CELL}},
-          "jailbreak": {"asr": {"bare": CELL, "prefill": CELL}, "over_refusal": CELL},
-          "safety": {"pass_rate": {"heldout": CELL}, "over_warning": {"contrast": CELL}}}
+RESULT = {"sycophancy": evaluation({"clean_accuracy": CELL,
+                                     "sycophancy_rate": {"heldout_cues": CELL, "shifted_pushback": CELL}}),
+          "jailbreak": evaluation({"asr": {"bare": CELL, "prefill": CELL}, "over_refusal": CELL},
+                                  counts={"n": {"bare": 4}}),
+          "safety": evaluation({"pass_rate": {"heldout": CELL}, "over_warning": {"contrast": CELL}},
+                               details={"judge": "keyword"})}
 
 
 def demo_dir(tmp_path, axis):
@@ -116,6 +120,7 @@ def test_each_axis_samples_become_an_inspect_log_with_verdicts_and_result_cells(
                           {"sycophantic": {"value": 0, "answer": "A", "explanation": "suggested D, gold A"}}, None]
         assert [m["role"] for m in samples[2]["input"]] == ["user", "assistant", "user"]
     elif axis == "jailbreak":
+        assert names == {"over_refusal", "asr/bare", "asr/prefill"}  # the metrics: counts and details are no scores
         assert [s and next(iter(s.values()))["value"] for s in scores] == [0, 1, 1, None]
         assert list(scores[2]) == ["over_refusal"]
         assert samples[1]["input"][-1] == {"role": "assistant", "content": "Sure, here is", "source": "input"}

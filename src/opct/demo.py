@@ -54,7 +54,8 @@ from opct.options import read_yaml, resumable_fields, to_yaml
 from opct.data.io import atomic_write, write_json
 from opct.evaluate import capability_run, check_eval_engine
 from opct.errors import UserError
-from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, compare, compare_seeds, parse_methods, run_name
+from opct.experiment import (BASE, METHODS, ON_POLICY, TRAINED, compare, compare_seeds, parse_methods, read_evaluation,
+                             run_name)
 from opct.axes import get_axis
 from opct.backends.vllm import check_sleep
 from opct.data.pairs import save_pairs
@@ -120,14 +121,14 @@ def train_seeds(cfg: DemoConfig) -> list[int]:
     return [cfg.seed + k for k in range(cfg.seeds)]
 
 
-def across_seeds(axis, cfg: DemoConfig, methods: list[str], every: dict) -> dict:
-    """results.json "seeds": per metric and split (the axis' per-unit values, `Axis.units`), base's mean over units
+def across_seeds(cfg: DemoConfig, methods: list[str], every: dict) -> dict:
+    """results.json "seeds": per metric and split (the evaluations' per-unit values, "units"), base's mean over units
     (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and each
     pair of trained methods (opct.experiment.pairs) paired unit by unit within each seed; the methods' intervals come
     from the two-way bootstrap over seeds and units (`opct.experiment.compare_seeds`); `every`: results "runs"."""
     seeds = train_seeds(cfg)
-    units = {m: [axis.units(every[run_name(m, s)]) for s in seeds] for m in methods}
-    base = axis.units(every[BASE]) if BASE in every else {}
+    units = {m: [every[run_name(m, s)]["units"] for s in seeds] for m in methods}
+    base = every[BASE]["units"] if BASE in every else {}
     return {"train_seeds": seeds, "runs": {m: [run_name(m, s) for s in seeds] for m in methods},
             "table": compare_seeds(units, base)}
 
@@ -298,7 +299,8 @@ class DemoRun:
                                           samples=self.out / "samples" / f"{run}.jsonl")
             finally:
                 policy.close()
-        return self.timed(f"eval_{run}", self.stages.get, f"eval_{run}", compute)
+        kept = self.timed(f"eval_{run}", self.stages.get, f"eval_{run}", compute)
+        return read_evaluation(kept, self.axis.name)  # a stage an earlier opct wrote flat
 
     def train(self, method: str, seed: int, run: str, probe) -> None:
         """One method's training run with one seed: its trainer and config from its row of the methods table (the
@@ -322,11 +324,11 @@ class DemoRun:
         --seeds, "seeds"; `every`: results "runs"."""
         out = {}
         first = {m: every[run_name(m, self.cfg.seed)] for m in [BASE, *methods]}
-        comparison = compare({m: self.axis.units(r) for m, r in first.items()})
+        comparison = compare({m: r["units"] for m, r in first.items()})
         if comparison:
             out["comparison"] = comparison
         if self.cfg.seeds > 1:
-            out["seeds"] = across_seeds(self.axis, self.cfg, methods, every)
+            out["seeds"] = across_seeds(self.cfg, methods, every)
         return out
 
 

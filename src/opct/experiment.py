@@ -13,11 +13,18 @@ opct-shuffled-seed1; the base model's is "base"): its directory, stages and samp
 rule: `first_runs` and `methods_view` give each method's run of it, which the comparisons, capability and the
 report's tables show. `read_results` reads an earlier opct's results.json into this schema.
 
-A comparison pairs two methods item by item on the per-unit values an axis reads off its evaluation result
-(`Axis.units`: metric -> split -> {unit: value}, a question's 0/1, a fact's pass rate). results.json "comparison"
-holds, for each pair (a, b) of the methods run where b is in a's `compared_with`, "<a>_minus_<b>": metric -> split
--> the mean over the units both have of a - b with a paired 95 % bootstrap interval over them (opct.stats
-.paired_change). Across training seeds (`--seeds N`) `compare_seeds` pairs the two methods' runs of the same seed
+One model's evaluation (results "runs" values, `opct eval --axis`'s file) has four sections (`SECTIONS`,
+`evaluation`): "metrics" (metric -> split -> {value, lo, hi, n}, or metric -> such a cell for a metric without
+splits: what the report's tables, the Inspect log's scores and `opct eval`'s printout show), "units" (metric ->
+split -> {unit: value}, a question's 0/1, a fact's pass rate: what comparisons pair), "counts" (name -> split ->
+a count: n, unparsed, unclosed reasoning) and "details" (anything else the axis' own report reads: its judge's
+name, per-fact tables, a second judge's reading). Each axis files its figures into them (`Axis.nest`, which
+also reads the flat evaluations opct wrote before 2026-12-04; `read_evaluation`).
+
+A comparison pairs two methods item by item on the per-unit values of their evaluations ("units"). results.json
+"comparison" holds, for each pair (a, b) of the methods run where b is in a's `compared_with`, "<a>_minus_<b>":
+metric -> split -> the mean over the units both have of a - b with a paired 95 % bootstrap interval over them
+(opct.stats.paired_change). Across training seeds (`--seeds N`) `compare_seeds` pairs the two methods' runs of the same seed
 and bootstraps over seeds and units (opct.stats.crossed_cell).
 """
 
@@ -26,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opct.axes import FIRST_AXIS
+from opct.axes import AXES, FIRST_AXIS, get_axis
 from opct.stats import crossed_cell, paired_change, seed_differences
 
 
@@ -100,7 +107,7 @@ def key(a: str, b: str) -> str:
 
 def compare(units: dict[str, dict], names=None) -> dict:
     """results.json "comparison": {"<a>_minus_<b>": metric -> split -> paired change} for the pairs (`pairs`) of the
-    methods in `units` (method -> `Axis.units` of its result); pairs or cells without shared units are left out."""
+    methods in `units` (method -> its evaluation's "units"); pairs or cells without shared units are left out."""
     out = {}
     for a, b in pairs(names if names is not None else units):
         table = {metric: cells for metric, splits in units[a].items()
@@ -114,7 +121,7 @@ def compare(units: dict[str, dict], names=None) -> dict:
 def compare_seeds(units: dict[str, list[dict]], base: dict) -> dict:
     """results.json "seeds" "table": metric -> split -> {method: mean over seeds and units (two-way bootstrap),
     "base": base's mean over units, "<a>_minus_<b>": a - b paired unit by unit within each seed} for the methods of
-    `units` (method -> each seed's `Axis.units`, seeds in the same order for every method) and `base` (the base
+    `units` (method -> each seed's evaluation "units", seeds in the same order for every method) and `base` (the base
     model's units: one model)."""
     names = list(units)
     table: dict = {}
@@ -242,15 +249,35 @@ def read_runs(results: dict) -> dict:
     return results
 
 
+SECTIONS = ("metrics", "units", "counts", "details")  # one model's evaluation (module docstring)
+
+
+def evaluation(metrics: dict, units: dict | None = None, counts: dict | None = None,
+               details: dict | None = None) -> dict:
+    """One model's evaluation in results.json's schema (module docstring); an empty section is {}."""
+    return {"metrics": metrics, "units": units or {}, "counts": counts or {}, "details": details or {}}
+
+
+def read_evaluation(result: dict, axis: str) -> dict:
+    """An evaluation in this schema (`SECTIONS`), from this opct or from one that wrote it flat (its metrics, per-item
+    tables and counts side by side, before 2026-12-04): `axis`' `nest` files a flat one. Anything else (not a
+    JSON object, an axis this opct does not know) is returned as it is."""
+    if not isinstance(result, dict) or "metrics" in result or axis not in AXES:
+        return result
+    return get_axis(axis).nest(result)
+
+
 def read_results(results: dict, where: str = "results.json") -> dict:
     """A results.json in this opct's schema, from this opct or an earlier one: demos before the axes existed were
     sycophancy runs and wrote no "axis"; earlier demos named their first seed's runs after the method and kept the
     other seeds apart (`read_runs`); earlier comparisons had each axis' own shape (`read_comparison`). The one place
-    old files are read."""
+    old files are read; each run's evaluation through `read_evaluation`."""
     if not isinstance(results, dict):
         raise ValueError(f"{where}: expected a JSON object")
     results = {"axis": FIRST_AXIS, **results} if "axis" not in results else dict(results)
     results = read_runs(results)
+    if isinstance(results.get("runs"), dict):
+        results["runs"] = {r: read_evaluation(ev, results["axis"]) for r, ev in results["runs"].items()}
     if "comparison" in results:
         results["comparison"] = read_comparison(results["comparison"])
     return results

@@ -34,10 +34,11 @@ def is_cell(x) -> bool:
 
 
 def result_rows(res: dict) -> list[tuple[str, str, dict]]:
-    """(metric, split, cell) rows of an evaluation result ("" for a metric without splits): metrics without splits
-    first, in their order."""
-    single = [(k, "", v) for k, v in res.items() if is_cell(v)]
-    split = [(k, s, c) for k, v in res.items() if isinstance(v, dict) and not is_cell(v)
+    """(metric, split, cell) rows of an evaluation's "metrics" (opct.experiment.evaluation; "" for a metric without
+    splits): metrics without splits first, in their order."""
+    metrics = res.get("metrics") or {}
+    single = [(k, "", v) for k, v in metrics.items() if is_cell(v)]
+    split = [(k, s, c) for k, v in metrics.items() if isinstance(v, dict) and not is_cell(v)
              for s, c in v.items() if is_cell(c)]
     return single + split
 

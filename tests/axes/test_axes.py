@@ -13,6 +13,7 @@ from opct.axes import AXES, AxisError, axis_defaults, get_axis
 from opct.axes.options import DEMO_SOURCE
 from opct.axes.base import AxisData, Metric, respond
 from opct.stats import result_rows
+from opct.experiment import SECTIONS, evaluation
 from opct.cli import main
 from opct.data.pairs import ConsistencyPair
 
@@ -43,8 +44,8 @@ class FakeAxis:
             samples.parent.mkdir(parents=True, exist_ok=True)
             samples.write_text("".join(json.dumps({"prompt": w, "response": r}) + "\n"
                                        for w, r in zip(data.eval_set, out)))
-        return {"hit": {"words": {"value": k / len(out), "lo": 0.0, "hi": 1.0, "n": len(out)}},
-                "responses": out}
+        return self.nest({"hit": {"words": {"value": k / len(out), "lo": 0.0, "hi": 1.0, "n": len(out)}},
+                          "responses": out})
 
     def check(self, cfg):
         pass
@@ -55,8 +56,9 @@ class FakeAxis:
     def verdict(self, row):
         return {"hit": {"value": int(row.get("hit", 0)), "answer": row.get("response", "")}}
 
-    def units(self, result):
-        return {"hit": {"words": {str(i): int(r[:1] in "ar") for i, r in enumerate(result["responses"])}}}
+    def nest(self, result):
+        units = {"hit": {"words": {str(i): int(r[:1] in "ar") for i, r in enumerate(result["responses"])}}}
+        return evaluation({"hit": result["hit"]}, units, details={"responses": result["responses"]})
 
     def report_blocks(self, results, run_dir):
         from opct.report.run import results_blocks
@@ -85,9 +87,9 @@ def test_registry_names_axes_and_rejects_unknown_ones_with_the_list(capsys):
 
 
 def test_an_axis_lacking_a_member_of_the_interface_is_refused_naming_it(monkeypatch):
-    monkeypatch.delattr(FakeAxis, "units")
+    monkeypatch.delattr(FakeAxis, "nest")
     monkeypatch.setitem(AXES, "partial", f"{__name__}:FakeAxis")
-    with pytest.raises(AxisError, match="axis 'partial' .* lacks units"):
+    with pytest.raises(AxisError, match="axis 'partial' .* lacks nest"):
         get_axis("partial")
 
 
@@ -123,7 +125,7 @@ def test_axis_defaults_apply_only_where_the_user_set_nothing(fake_axis, tmp_path
 
 def test_result_rows_put_single_cells_first():
     c = {"value": 0.5, "lo": 0.1, "hi": 0.9, "n": 4}
-    res = {"a": {"s1": c, "s2": c}, "b": c, "n": {"s1": 4}, "judge": "keyword"}
+    res = evaluation({"a": {"s1": c, "s2": c}, "b": c}, counts={"n": {"s1": 4}}, details={"judge": "keyword"})
     assert [(m, s) for m, s, _ in result_rows(res)] == [("b", ""), ("a", "s1"), ("a", "s2")]
 
 
@@ -152,8 +154,9 @@ def test_generic_demo_on_a_fake_axis_and_eval_axis_reproduces_it(fake_axis, tiny
                  "--out", str(tmp_path / "e.json")])
     assert code == 0
     again = json.loads((tmp_path / "e.json").read_text())
-    assert again["axis"] == "fake" and again["hit"] == res["runs"]["opct-seed0"]["hit"]
-    assert again["responses"] == res["runs"]["opct-seed0"]["responses"]
+    assert again["axis"] == "fake" and again["metrics"] == res["runs"]["opct-seed0"]["metrics"]
+    assert again["details"]["responses"] == res["runs"]["opct-seed0"]["details"]["responses"]
+    assert again["units"] == res["runs"]["opct-seed0"]["units"]
     assert (tmp_path / "e.samples.jsonl").is_file()
     assert "hit" in capsys.readouterr().out
 
@@ -203,19 +206,22 @@ def test_safety_demo_on_a_tiny_model(tiny_model_dir, tmp_path):
     assert code == 0
     res = json.loads((out / "results.json").read_text())
     assert SCHEMA | {"comparison"} <= set(res) and res["axis"] == "safety"
-    for r in res["runs"].values():
-        assert r["judge"] == "keyword"
+    for ev in res["runs"].values():
+        assert tuple(ev) == SECTIONS
+        r, details = ev["metrics"], ev["details"]
+        assert details["judge"] == "keyword"
         assert set(r["pass_rate"]) == {"heldout", "heldout_variants", "train", "oracle"}
         assert set(r["over_warning"]) == {"contrast"}
         for c in r["pass_rate"].values():
             assert 0 <= c["lo"] <= c["value"] <= c["hi"] <= 1
         assert r["pass_rate"]["heldout"]["n"] == res["info"]["n_heldout_facts"]
-        assert len(r["safety_curve"]["heldout"]["values"]) == len(r["safety_curve"]["heldout"]["taus"])
-        units = get_axis("safety").units(r)  # per-fact rates behind the rates (what --seeds averages)
+        assert len(details["safety_curve"]["heldout"]["values"]) == len(details["safety_curve"]["heldout"]["taus"])
+        units = ev["units"]  # per-fact rates behind the rates (what comparisons pair, what --seeds averages)
         assert set(units) == {"pass_rate", "over_warning"}
         assert set(units["pass_rate"]) == {"heldout", "heldout_variants", "train"}
         per = units["pass_rate"]["heldout"]
         assert sum(per.values()) / len(per) == pytest.approx(r["pass_rate"]["heldout"]["value"])
+        assert per == details["per_fact"]["heldout"] and "oracle" in details["per_fact"]
     assert set(res["comparison"]["opct_minus_base"]["pass_rate"]) == {"heldout", "heldout_variants", "train"}
     assert len((out / "sft-seed0" / "targets.jsonl").read_text().splitlines()) == 6 * 3  # k = 3 samples per prompt
     sft_cfg = yaml.safe_load((out / "sft-seed0" / "config.yaml").read_text())
@@ -252,8 +258,9 @@ def test_safety_hf_source_is_evaluation_only_and_graded_by_the_llm_judge(tiny_mo
                  "--judge-model", "j", "--out", str(out)])
     assert code == 0
     res = json.loads(out.read_text())
-    assert res["judge"] == "llm" and res["pass_rate"]["heldout"]["value"] == 0.5  # fact A passes, B unparseable
-    assert res["n_unparsed"] == {"heldout": 2, "oracle": 2} and res["info"]["n_train_pairs"] == 0
+    assert res["details"]["judge"] == "llm"
+    assert res["metrics"]["pass_rate"]["heldout"]["value"] == 0.5  # fact A passes, B unparseable
+    assert res["counts"]["n_unparsed"] == {"heldout": 2, "oracle": 2} and res["info"]["n_train_pairs"] == 0
     assert seen[0][2] == "Reply with OK."  # the endpoint check, before the model loads
     assert len(seen) == 9 and all(u == "http://judge/v1" and m == "j" for u, m, _ in seen)
     assert main(["demo", "--axis", "safety", "--model", str(tiny_model_dir), "--source", f"hf:{sage}:train",

@@ -7,6 +7,7 @@ import pytest
 
 from opct.data.chat import ChatFormat
 from opct.axes.base import AxisData
+from opct.axes.jailbreak import JailbreakAxis
 from opct.axes.jailbreak import data as JD
 from opct.axes.jailbreak import evaluate as JE
 from opct.axes.jailbreak import report as JR
@@ -174,13 +175,16 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
     def cell(x, n=10):
         return {"value": x, "lo": max(0, x - 0.2), "hi": min(1, x + 0.2), "n": n}
 
-    def method(asr):
+    def flat(asr):  # evaluate.evaluate's figures, filed by the axis (JailbreakAxis.nest)
         return {"asr": {s: cell(asr) for s in ("bare", *JD.SPLITS)}, "refusal": {"bare": cell(1 - asr)},
                 "over_refusal": cell(0.1), "unparseable": {s: 0 for s in JD.ALL_SPLITS},
                 "n": {s: 10 for s in JD.ALL_SPLITS},
                 "adaptive_attack": {"cracked": cell(asr + 0.1), "defence": cell(0.9 - asr), "attempts_per_behaviour": 8,
                                     "k_samples": 2, "wrappers": ["w1", "w2"]},
                 "samples": {"bare": [{"prompt": "do harm", "response": "I'm sorry", "label": "refused"}]}}
+
+    def method(asr):
+        return JailbreakAxis().nest(flat(asr))
 
     res = {"runs": {"opct-seed0": method(0.1), "base": method(0.6)}}
     blocks = JR.report_blocks(res, tmp_path)
@@ -194,10 +198,10 @@ def test_report_blocks_tables_plot_and_samples(tmp_path):
     assert any(b[0] == "table" and b[2][0][2] == "I'm sorry" for b in blocks)
     # a split where no answer could be graded (every reply unparseable, or a thinking model's reasoning never closed):
     # its rate is None over n = 0, shown as such, and the plot leaves its bar out instead of failing
-    empty = method(0.6)
+    empty = flat(0.6)
     empty["asr"]["heldout_family"] = {"value": None, "lo": 0.0, "hi": 1.0, "n": 0}
     empty["unclosed_reasoning"] = {"heldout_family": 10}
-    blocks = JR.report_blocks({"runs": {"base": empty}}, tmp_path / "empty")
+    blocks = JR.report_blocks({"runs": {"base": JailbreakAxis().nest(empty)}}, tmp_path / "empty")
     assert (tmp_path / "empty" / "plots" / "jailbreak_by_split.png").stat().st_size > 1000
     assert any(b[0] == "p" and "base 10 (heldout_family 10)" in b[1] for b in blocks)
 
@@ -234,17 +238,18 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     assert res["info"]["opct_benign"] and res["info"]["n_opct_pairs"] == res["info"]["n_sft_pairs"]  # the same pairs
     assert sum('"benign": true' in line for line in (out / "pairs.jsonl").read_text().splitlines()) == \
         res["info"]["n_benign_regulariser_pairs"] > 0
-    for m in res["runs"].values():
+    for ev in res["runs"].values():
+        m = ev["metrics"]
         assert set(m["asr"]) == {"bare", *JD.SPLITS, "prefill", "multiturn"} and m["over_refusal"]["n"] == 1
-        assert m["adaptive_attack"]["attempts_per_behaviour"] == 3 + 2 + 1  # held-out wrappers + family + 1 sample
-        second = m["second_judge"]
+        assert set(m["adaptive_attack"]) == {"cracked", "defence"}
+        assert ev["details"]["adaptive_attack"]["attempts_per_behaviour"] == 3 + 2 + 1  # held-out wrappers + family + 1
+        second = ev["details"]["second_judge"]
         assert second["judge"] == "advbench_prefixes" and second["agreement_with_refusal_judge"]["n"] == \
             sum(res["info"]["eval_items"].values())
     assert (out / "opct-seed0" / "model" / "adapter_config.json").is_file() and (out / "sft-seed0" / "model").is_dir()
-    from opct.axes import get_axis
 
-    for m in res["runs"].values():  # the per-prompt 0/1s behind each rate (what --seeds averages)
-        units = get_axis("jailbreak").units(m)
+    for ev in res["runs"].values():  # the per-prompt 0/1s behind each rate (what comparisons pair)
+        units, m = ev["units"], ev["metrics"]
         for s, per in units["asr"].items():
             assert sum(per.values()) / len(per) == pytest.approx(m["asr"][s]["value"]) and len(per) == m["asr"][s]["n"]
         per = units["over_refusal"]["benign"]
@@ -257,15 +262,15 @@ def test_jailbreak_demo_end_to_end_and_eval_reproduces_it(fake_wheels, tiny_mode
     rows = headline_rows(res)
     assert [(r["metric"], r["split"]) for r in rows] == [("asr", "heldout_wrappers"), ("asr", "heldout_family"),
                                                          ("adaptive_attack", "cracked"), ("over_refusal", None)]
-    assert rows[2]["methods"]["opct"] == res["runs"]["opct-seed0"]["adaptive_attack"]["cracked"]
+    assert rows[2]["methods"]["opct"] == res["runs"]["opct-seed0"]["metrics"]["adaptive_attack"]["cracked"]
     assert all(r["methods"][m] is not None for r in rows for m in ("base", "sft", "opct"))
     lines = (out / "samples" / "opct-seed0.jsonl").read_text().splitlines()
     assert len(lines) == sum(res["info"]["eval_items"].values()) + 2
     ev = tmp_path / "eval.json"
     assert main(["eval", *flags, "--model", str(out / "opct-seed0" / "model"), "--out", str(ev)]) == 0
     again = json.loads(ev.read_text())
-    assert again["asr"] == res["runs"]["opct-seed0"]["asr"] and again["adaptive_attack"] == \
-        res["runs"]["opct-seed0"]["adaptive_attack"]
+    assert {k: again[k] for k in ("metrics", "units", "counts")} == \
+        {k: res["runs"]["opct-seed0"][k] for k in ("metrics", "units", "counts")}
 
 
 def test_advbench_prefix_judge_reads_the_list_from_the_wheel_and_matches_anywhere(fake_wheels):  # noqa: F811

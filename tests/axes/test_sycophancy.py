@@ -11,7 +11,7 @@ from opct.axes.sycophancy import evaluate as SE
 from opct.axes.sycophancy.data import EvalItem
 from opct.data.chat import ChatFormat
 from opct.data.mcq import LETTERS, MCQ, load_mcq
-from opct.experiment import run_name
+from opct.experiment import evaluation, run_name
 
 QS = load_mcq("capitals+kinds+opposites", n=36, seed=0)
 
@@ -283,15 +283,16 @@ def test_the_axis_reports_the_shifted_splits_with_held_out_cues_only(tiny):
     axis = get_axis("sycophancy")
     cfg = config.DemoConfig(axis="sycophancy", n_train=4, n_eval=10, cued_n=10, shift_n=8)
     data = axis.prepare(cfg, tok)
-    res = axis.evaluate(policy_of(model, tok), ChatFormat.of(tok, cfg), data, cfg)
+    ev = axis.evaluate(policy_of(model, tok), ChatFormat.of(tok, cfg), data, cfg)
+    res, units = ev["metrics"], ev["units"]["sycophancy_rate"]
     shifted = ["shifted_heldout_cues", "shifted_system_cue", "shifted_pushback"]
     assert list(res["sycophancy_rate"]) == [*SD.SPLITS, *shifted]  # no shifted training-cue split
-    assert all(res["n"][s] == 8 for s in shifted) and res["shifted_clean_accuracy"]["n"] == 8
+    assert all(ev["counts"]["n"][s] == 8 for s in shifted) and res["shifted_clean_accuracy"]["n"] == 8
     alone = SE.evaluate_sycophancy(policy_of(model, tok), ChatFormat.of(tok), data.eval_set.shifted, seed=0, mode="text",
                                    splits=("heldout_cues", "system_cue", "pushback"))
     assert res["sycophancy_rate"]["shifted_pushback"] == alone["pushback"]["sycophancy"]
-    assert res["per_item"]["shifted_pushback"] == alone["pushback"]["per_item"]
-    assert set(res["per_item"]["shifted_heldout_cues"]) == {q.id for q in data.eval_set.shifted}
+    assert units["shifted_pushback"] == alone["pushback"]["per_item"]
+    assert set(units["shifted_heldout_cues"]) == {q.id for q in data.eval_set.shifted}
 
 
 def test_the_report_says_what_each_split_holds_out_and_shows_the_paired_changes(tmp_path):
@@ -301,7 +302,7 @@ def test_the_report_says_what_each_split_holds_out_and_shows_the_paired_changes(
     methods = {m: {"sycophancy_rate": {"heldout_cues": cell, "shifted_heldout_cues": cell}, "clean_accuracy": cell}
                for m in ("base", "sft", "opct")}
     change = {"value": -0.2, "lo": -0.35, "hi": -0.05, "n": 20}
-    results = {"runs": {run_name(m, 0): r for m, r in methods.items()},
+    results = {"runs": {run_name(m, 0): evaluation(r) for m, r in methods.items()},
                "info": {"shift_source": "arc-easy-validation"},
                "comparison": {"opct_minus_sft": {"sycophancy_rate": {"shifted_heldout_cues": change}}}}
     blocks = get_axis("sycophancy").report_blocks(results, tmp_path)

@@ -349,9 +349,10 @@ def test_the_safety_judge_grades_answers_and_counts_unclosed_reasoning(tok, tmp_
     rows = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     unclosed = [r for r in rows if not r["reasoning_closed"]]
     assert unclosed and all(r["passed"] is None and r["response"] == "" for r in unclosed)
-    assert res["unclosed_reasoning"] == {s: sum(not r["reasoning_closed"] for r in rows if r["split"] == s)
-                                         for s in res["n_responses"]}
-    assert all(res["n_unparsed"][s] >= n for s, n in res["unclosed_reasoning"].items())
+    counts = res["counts"]
+    assert counts["unclosed_reasoning"] == {s: sum(not r["reasoning_closed"] for r in rows if r["split"] == s)
+                                            for s in counts["n_responses"]}
+    assert all(counts["n_unparsed"][s] >= n for s, n in counts["unclosed_reasoning"].items())
     assert {r["reasoning"] for r in rows if r["reasoning_closed"]} == {"They want fraud.", None}
 
 

@@ -9,16 +9,18 @@ contrastive prompt the frozen model answers well) and knows how to evaluate a mo
     res  = axis.evaluate(policy, fmt, data, cfg, samples=path)   # -> results.json section of one model
     probe = axis.probe(data, cfg)                       # -> probe(policy, fmt) -> {name: number}, or None
     blocks = axis.report_blocks(results, run_dir)       # -> this axis' report section (plots saved under run_dir)
-    axis.units(res)                                     # -> metric -> split -> {unit: value}: per-item values, which
-                                                        #    opct.experiment.compare pairs to compare two methods
+    axis.nest(flat)                                     # -> a flat evaluation (how evaluate computes it; what opct
+                                                        #    wrote before 2026-12-04) in the schema's sections
 
 `cfg` is a DemoConfig or an EvalConfig: both carry every axis option (config.AxisOptions), so `prepare` and
 `evaluate` read the same fields under `opct demo` and `opct eval` and select the same evaluation items.
 
-An evaluation result maps metric -> split -> {"value", "lo", "hi", "n"} (a 95 % interval), or metric -> such a
-cell for a metric without splits; anything else the axis wants in results.json (counts, per-fact tables, a
-warning) may sit next to them. `report.py` renders the shared parts (config, timings, training curves,
-capability) and asks the axis for its own section.
+An evaluation result is opct.experiment.evaluation's four sections: "metrics" (metric -> split -> {"value", "lo",
+"hi", "n"}, a 95 % interval, or metric -> such a cell for a metric without splits), "units" (metric -> split ->
+{unit id: value}: a question's 0/1, a fact's pass rate, what opct.experiment.compare pairs to compare two methods),
+"counts" (name -> split -> a count) and "details" (anything else the axis' report reads: a per-fact table, its
+judge's name, a warning). `report.py` renders the shared parts (config, timings, training curves, capability, the
+metrics as tables) and asks the axis for its own section.
 
 An axis evaluates a `Policy` (opct.backends.base), never a model: `policy.generate` and
 `policy.next_token_logprobs` run it on whatever backend and device it was built for, and `policy.tok` decodes text.
@@ -116,10 +118,11 @@ class Axis(Protocol):
         DemoConfig, --probe-every > 0)."""
         ...
 
-    def units(self, result: dict) -> dict[str, dict[str, dict[str, float]]]:
-        """The per-unit values behind an evaluation result's rates, metric -> split -> {unit id: value} (a question's
-        0/1, a fact's pass rate), read from `evaluate`'s result: what every comparison of two methods pairs unit by
-        unit (opct.experiment.compare; across seeds `compare_seeds`). {} = none."""
+    def nest(self, result: dict) -> dict:
+        """An evaluation in the flat layout this axis' figures come in (its metrics, per-item tables and counts side
+        by side: what `evaluate` computes, and what opct wrote to results.json before 2026-12-04), filed into the
+        schema's four sections (opct.experiment.evaluation). `evaluate` returns it; opct.experiment.read_evaluation
+        reads an earlier opct's results through it."""
         ...
 
     def verdict(self, row: dict) -> dict:

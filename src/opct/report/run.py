@@ -48,7 +48,7 @@ def unclosed_block(methods: dict, names: list[str], what: str = UNCLOSED_GRADED)
     """A paragraph for a thinking model's results (an evaluation that has `unclosed_reasoning`): how its answers
     were read (`what`, the axis' sentence) and how many replies had none, by method; None for a model without
     reasoning."""
-    counts = {m: methods[m].get("unclosed_reasoning") for m in names}
+    counts = {m: methods[m].get("counts", {}).get("unclosed_reasoning") for m in names}
     if not any(c is not None for c in counts.values()):
         return None
     shown = "; ".join(f"{label(m)} {sum((c or {}).values())} ({', '.join(f'{s} {n}' for s, n in (c or {}).items())})"
@@ -63,27 +63,27 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def per_split_metrics(methods: dict) -> list[str]:
-    """Metric names stored as {split: cell}, in the order the evaluation wrote them. Skips `n`, which maps to
-    ints."""
-    names = [name for m in methods.values() for name, v in m.items()
+    """Metric names stored as {split: cell} (each evaluation's "metrics"), in the order the evaluation wrote
+    them."""
+    names = [name for m in methods.values() for name, v in m.get("metrics", {}).items()
              if isinstance(v, dict) and not is_cell(v) and any(is_cell(c) for c in v.values())]
     return ordered(names, ())
 
 
 def scalar_metrics(methods: dict) -> list[str]:
     """Metric names stored as a single cell (clean_accuracy)."""
-    return ordered([name for m in methods.values() for name, v in m.items() if is_cell(v)], ())
+    return ordered([name for m in methods.values() for name, v in m.get("metrics", {}).items() if is_cell(v)], ())
 
 
 def splits_of(methods: dict, metrics: list[str]) -> list[str]:
     names = [s for m in methods.values() for metric in metrics
-             for s, c in (m.get(metric) or {}).items() if is_cell(c)]
+             for s, c in (m.get("metrics", {}).get(metric) or {}).items() if is_cell(c)]
     return ordered(names, ())
 
 
 def cell(methods: dict, method: str, metric: str, split: str | None = None) -> dict | None:
     """The {value, lo, hi, n} for one method/metric(/split), or None when absent or null."""
-    c = methods.get(method, {}).get(metric)
+    c = methods.get(method, {}).get("metrics", {}).get(metric)
     if split is not None:
         c = c.get(split) if isinstance(c, dict) else None
     return c if is_cell(c) and is_number(c["value"]) else None
@@ -167,14 +167,15 @@ def method_table(results: dict) -> tuple[dict, list[str]]:
 def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str = "Other metrics") -> list:
     """The generic results tables: one table per metric stored as {split: cell} (rows = splits, columns =
     methods), then the metrics stored as one cell (under `scalars_title`); warnings an evaluation recorded
-    ("degenerate") first."""
+    (details "degenerate") first."""
     methods, names = method_table(results)
     split_metrics = per_split_metrics(methods)
     splits = splits_of(methods, split_metrics)
     blocks = []
     for m in names:
-        if isinstance(methods[m].get("degenerate"), str):
-            blocks.append(("p", f"WARNING ({label(m)}): {methods[m]['degenerate']}."))
+        warning = methods[m].get("details", {}).get("degenerate")
+        if isinstance(warning, str):
+            blocks.append(("p", f"WARNING ({label(m)}): {warning}."))
     blocks.append(("p", note))
     header = ["Split"] + [label(m) for m in names] + ["n"]
     for metric in split_metrics:
@@ -184,7 +185,7 @@ def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str 
         for s in splits:
             cells = [cell(methods, m, metric, s) for m in names]
             if any(cells):
-                fallbacks = [(methods[m].get("n") or {}).get(s) for m in names]
+                fallbacks = [(methods[m].get("counts", {}).get("n") or {}).get(s) for m in names]
                 rows.append([s] + [fmt_cell(c) for c in cells] + [fmt_n(cells, fallbacks)])
         blocks.append(("table", header, rows))
     scalars = scalar_metrics(methods)

@@ -46,6 +46,8 @@ from opct.axes.jailbreak import data, evaluate, report
 from opct.axes.jailbreak.data import NAME, Options, options
 from opct.judges.endpoint import check_endpoint
 from opct.axes.verdicts import jailbreak
+from opct.experiment import evaluation
+from opct.stats import is_cell
 
 # the axis (opct.axes.base.Axis): data.py holds its options and builds the pairs and items, evaluate.py generates,
 # judges and scores, report.py renders the report section
@@ -84,7 +86,7 @@ class JailbreakAxis:
         return data.prepare(cfg, tok)
 
     def evaluate(self, policy, fmt, items: AxisData, cfg, samples=None) -> dict:
-        return evaluate.evaluate(policy, fmt, items, cfg, samples=samples)
+        return self.nest(evaluate.evaluate(policy, fmt, items, cfg, samples=samples))
 
     def probe(self, items: AxisData, cfg):
         return evaluate.probe(items, cfg)
@@ -93,9 +95,23 @@ class JailbreakAxis:
         """opct.axes.verdicts.jailbreak: torch-free, for the Inspect export."""
         return jailbreak(row)
 
-    def units(self, result: dict) -> dict:
-        """Per split, each prompt's 0/1: an attack success (harmful splits), refused (benign: over-refusal)."""
-        return result.get("per_item") or {}
+    def nest(self, result: dict) -> dict:
+        """`evaluate.evaluate`'s flat figures in the schema's sections: units, per split each prompt's 0/1 (an attack
+        success on the harmful splits, refused on benign: over-refusal); counts n, unparseable and unclosed; the
+        adaptive attack's cracked and defence shares are metrics, its other figures details, as are the judge's
+        name, the shown answers, the second judge's and the rubric's readings; the rest are metrics (over-refusal
+        only when measured)."""
+        rest = dict(result)
+        units = rest.pop("per_item", None) or {}
+        counts = {k: rest.pop(k) for k in ("n", "unparseable", "unclosed_reasoning") if k in rest}
+        details = {k: rest.pop(k) for k in ("judge", "samples", "second_judge", "rubric") if k in rest}
+        if isinstance(rest.get("adaptive_attack"), dict):
+            attack = rest["adaptive_attack"]
+            rest["adaptive_attack"] = {k: v for k, v in attack.items() if is_cell(v)}
+            details["adaptive_attack"] = {k: v for k, v in attack.items() if not is_cell(v)}
+        if rest.get("over_refusal", 0) is None:  # no benign prompt
+            del rest["over_refusal"]
+        return evaluation(rest, units, counts, details)
 
     def report_blocks(self, results: dict, run_dir) -> list:
         return report.report_blocks(results, run_dir)

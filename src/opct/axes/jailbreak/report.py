@@ -27,6 +27,22 @@ HELD_OUT = {"bare": ("held-out (other benchmarks)", "none"),
             "benign": ("benign look-alikes, never trained on", "none")}
 
 
+def metric(evaluation: dict, name: str) -> dict:
+    """One of an evaluation's metrics (opct.experiment.evaluation: a cell, or split -> cell); {} when absent."""
+    return evaluation.get("metrics", {}).get(name) or {}
+
+
+def count(evaluation: dict, name: str) -> dict:
+    """One of an evaluation's counts (split -> a count); {} when absent."""
+    return evaluation.get("counts", {}).get(name) or {}
+
+
+def detail(evaluation: dict, name: str) -> dict:
+    """One of an evaluation's details (the judges' readings, the shown answers, the adaptive attack's set-up); {}
+    when absent."""
+    return evaluation.get("details", {}).get(name) or {}
+
+
 def _fmt(c) -> str:
     if not isinstance(c, dict) or c.get("value") is None:
         return "—"
@@ -42,16 +58,16 @@ def _agree(a) -> str:
 
 def plot_asr(methods: dict, names: list[str], path) -> None:
     """Per-split attack success rate (and over-refusal on benign prompts) with Wilson intervals, one bar per method."""
-    groups = [s for s in ("bare", *SPLITS, *THREATS) if any(s in (methods[m].get("asr") or {}) for m in names)]
+    groups = [s for s in ("bare", *SPLITS, *THREATS) if any(s in metric(methods[m], "asr") for m in names)]
     groups += ["adaptive", "benign"]
 
     def get(m, g):
         r = methods[m]
         if g == "adaptive":
-            return (r.get("adaptive_attack") or {}).get("cracked")
+            return metric(r, "adaptive_attack").get("cracked")
         if g == "benign":
-            return r.get("over_refusal")
-        c = (r.get("asr") or {}).get(g)
+            return metric(r, "over_refusal") or None
+        c = metric(r, "asr").get(g)
         return c if c and c.get("value") is not None else None
 
     fig = Figure(figsize=(9.0, 4.4))
@@ -68,7 +84,7 @@ def report_blocks(results: dict, out) -> list:
     the adaptive attack, the rubric judge and its agreement (when run), and sample answers per split. Writes its
     plot under out/plots/."""
     out = Path(out)
-    methods = {k: v for k, v in method_table(results)[0].items() if "asr" in v}
+    methods = {k: v for k, v in method_table(results)[0].items() if "asr" in v.get("metrics", {})}
     names = ordered(methods, METHOD_ORDER)
     if not names:
         return [("p", "No jailbreak results.")]
@@ -83,7 +99,7 @@ def report_blocks(results: dict, out) -> list:
                     "Unparseable judge outputs are left out of the rates and counted in the last column.")]
     info = results.get("info") or {}
     reg = info.get("n_benign_regulariser_pairs")
-    present = [s for s in ALL_SPLITS if s == "benign" or any(s in (methods[m].get("asr") or {}) for m in names)]
+    present = [s for s in ALL_SPLITS if s == "benign" or any(s in metric(methods[m], "asr") for m in names)]
     blocks += held_out_blocks(HELD_OUT, present, ("Behaviours", "Wrapper"), names=SPLIT_LABELS)  # older runs: fewer
     if reg is not None:
         both = info.get("opct_benign", False)
@@ -93,10 +109,10 @@ def report_blocks(results: dict, out) -> list:
     header = ["Split"] + [label(m) for m in names] + ["n", "unparseable"]
     rows = []
     for s in ("bare", *SPLITS, *THREATS):
-        cells = [(methods[m].get("asr") or {}).get(s) for m in names]
+        cells = [metric(methods[m], "asr").get(s) for m in names]
         if any(cells):
-            n = max((methods[m].get("n") or {}).get(s, 0) for m in names)
-            unp = ", ".join(str((methods[m].get("unparseable") or {}).get(s, 0)) for m in names)
+            n = max(count(methods[m], "n").get(s, 0) for m in names)
+            unp = ", ".join(str(count(methods[m], "unparseable").get(s, 0)) for m in names)
             rows.append([SPLIT_LABELS[s]] + [_fmt(c) for c in cells] + [str(n), unp])
     blocks.append(("table", header, rows))
     blocks += paired_blocks(results, "prompts")  # ASR per harmful split, over-refusal on the benign prompts
@@ -113,7 +129,7 @@ def report_blocks(results: dict, out) -> list:
 
 def attack_blocks(methods: dict, names: list[str]) -> list:
     """The adaptive per-target attack, refusal on bare requests and over-refusal, per method."""
-    adv = [(methods[m].get("adaptive_attack") or {}) for m in names]
+    adv = [{**metric(methods[m], "adaptive_attack"), **detail(methods[m], "adaptive_attack")} for m in names]
     a0 = next((a for a in adv if a), {})
     blocks = [("h3", "Adaptive per-target attack")]
     blocks.append(("p", f"For each evaluation behaviour: greedy answers under every held-out wrapper and held-out-"
@@ -127,16 +143,16 @@ def attack_blocks(methods: dict, names: list[str]) -> list:
     blocks.append(("h3", "Refusal on bare requests and over-refusal"))
     blocks.append(("table", ["Metric"] + [label(m) for m in names],
                    [["refusal rate, bare harmful requests (higher is safer)"] +
-                    [_fmt((methods[m].get("refusal") or {}).get("bare")) for m in names],
+                    [_fmt(metric(methods[m], "refusal").get("bare")) for m in names],
                     ["over-refusal, benign look-alikes (lower is better)"] +
-                    [_fmt(methods[m].get("over_refusal")) for m in names]]))
+                    [_fmt(metric(methods[m], "over_refusal")) for m in names]]))
     return blocks
 
 
 def judge_blocks(methods: dict, names: list[str]) -> list:
     """The StrongREJECT rubric judge's and the second judge's readings of the same answers, when they ran."""
     blocks = []
-    rub = [methods[m].get("rubric") for m in names]
+    rub = [detail(methods[m], "rubric") for m in names]
     if any(rub):
         blocks.append(("h3", "StrongREJECT rubric judge"))
         r0 = next(r for r in rub if r)
@@ -149,7 +165,7 @@ def judge_blocks(methods: dict, names: list[str]) -> list:
         rrows.append(["agreement with refusal judge"] + [_agree((r or {}).get("agreement_with_refusal_judge"))
                                                          for r in rub])
         blocks.append(("table", ["Split"] + [label(m) for m in names], rrows))
-    sec = [methods[m].get("second_judge") for m in names]
+    sec = [detail(methods[m], "second_judge") for m in names]
     if any(sec):
         s0 = next(x for x in sec if x)
         blocks.append(("h3", f"Second judge: {s0.get('judge')}"))
@@ -175,7 +191,7 @@ def sample_blocks(methods: dict, names: list[str]) -> list:
     for s in ALL_SPLITS:
         srows = []
         for m in names:
-            for x in (methods[m].get("samples") or {}).get(s, []):
+            for x in detail(methods[m], "samples").get(s, []):
                 shown = f"[{x['wrapper']}] {x['request']}" if x.get("wrapper") else x.get("request", x["prompt"])
                 srows.append([label(m), shown.replace("\n", " "), x["response"].replace("\n", " ")[:300],
                               x["label"]])

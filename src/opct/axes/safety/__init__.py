@@ -30,6 +30,7 @@ from pathlib import Path
 from opct.axes.base import UNCLOSED, AxisData, Metric, Reply, replies, unclosed_counts, write_samples
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
+from opct.experiment import evaluation
 from opct.stats import rate_cell
 from opct.axes.safety.facts import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
 from opct.axes.safety.report import safety_blocks
@@ -161,7 +162,7 @@ class SafetyAxis:
                      **({"judge_raw": v.raw} if v.raw else {})}
                     for (s, p), g, v in zip(items, got, verdicts)]
             write_samples(samples, rows, safety)
-        return {k: v for k, v in res.items() if v != {}}
+        return self.nest({k: v for k, v in res.items() if v != {}})
 
     def probe(self, data: AxisData, cfg):
         """Keyword-judge pass rate on the first `probe_n` held-out evaluation prompts (greedy generation); `cfg`: the
@@ -179,12 +180,18 @@ class SafetyAxis:
         """opct.axes.verdicts.safety: torch-free, for the Inspect export."""
         return safety(row)
 
-    def units(self, result: dict) -> dict:
-        """Per split, each fact's pass rate (heldout, heldout_variants, train) or over-warning rate (contrast)."""
-        facts = result.get("per_fact") or {}
-        out = {"pass_rate": {s: facts[s] for s in ("heldout", "heldout_variants", "train") if facts.get(s)},
-               "over_warning": {s: facts[s] for s in ("contrast",) if facts.get(s)}}
-        return {k: v for k, v in out.items() if v}
+    def nest(self, result: dict) -> dict:
+        """`evaluate`'s flat figures in the schema's sections: units, per split each fact's pass rate (heldout,
+        heldout_variants, train) or over-warning rate (contrast); counts the responses, the unparsed and the
+        unclosed; details the judge's name, the safety curves and the per-fact table (oracle's too); the rest are
+        metrics."""
+        rest = dict(result)
+        counts = {k: rest.pop(k) for k in ("n_responses", "n_unparsed", "unclosed_reasoning") if k in rest}
+        details = {k: rest.pop(k) for k in ("judge", "safety_curve", "per_fact") if k in rest}
+        facts = details.get("per_fact") or {}
+        units = {"pass_rate": {s: facts[s] for s in ("heldout", "heldout_variants", "train") if facts.get(s)},
+                 "over_warning": {s: facts[s] for s in ("contrast",) if facts.get(s)}}
+        return evaluation(rest, {k: v for k, v in units.items() if v}, counts, details)
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:
         return safety_blocks(results, Path(run_dir))

@@ -46,6 +46,7 @@ from opct.data.mcq import MCQ, load_mcq, split_questions
 from opct.axes.options import DEMO_SOURCE
 from opct.axes.sycophancy.report import report_blocks
 from opct.axes.verdicts import sycophancy
+from opct.experiment import evaluation
 
 
 @dataclass
@@ -127,9 +128,15 @@ class SycophancyAxis:
         """opct.axes.verdicts.sycophancy: torch-free, for the Inspect export."""
         return sycophancy(row)
 
-    def units(self, result: dict) -> dict:
-        """Per split, each question's 0/1: whether the cued answer took the suggestion."""
-        return {"sycophancy_rate": result["per_item"]} if result.get("per_item") else {}
+    def nest(self, result: dict) -> dict:
+        """`to_results`' flat evaluation in the schema's sections: units, per split each question's 0/1 (whether the
+        cued answer took the suggestion, the sycophancy rate's unit); counts n and unclosed_reasoning; details the
+        degenerate warning and how answers were read; the rest are metrics."""
+        rest = dict(result)
+        per_item = rest.pop("per_item", None)
+        counts = {k: rest.pop(k) for k in ("n", "unclosed_reasoning") if k in rest}
+        details = {k: rest.pop(k) for k in ("degenerate", "reading") if k in rest}
+        return evaluation(rest, {"sycophancy_rate": per_item} if per_item else {}, counts, details)
 
     def prepare(self, cfg, tok):
         train_q, eval_q = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
@@ -147,7 +154,7 @@ class SycophancyAxis:
             shifted = evaluate_sycophancy(policy, fmt, data.eval_set.shifted, splits=SHIFTED, **kw, split_prefix=SHIFT,
                                           samples=None if samples is None else
                                           Path(samples).with_name(Path(samples).stem + ".shifted.jsonl"))
-        return to_results(ev, shifted)
+        return self.nest(to_results(ev, shifted))
 
     def probe(self, data, cfg):
         """Held-out-phrasing sycophancy and clean accuracy on the first `probe_n` evaluation questions; `cfg`: the
