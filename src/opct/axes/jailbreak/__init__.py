@@ -109,7 +109,7 @@ class JailbreakAxis:
             attack = rest["adaptive_attack"]
             rest["adaptive_attack"] = {k: v for k, v in attack.items() if is_cell(v)}
             details["adaptive_attack"] = {k: v for k, v in attack.items() if not is_cell(v)}
-        if rest.get("over_refusal", 0) is None:  # no benign prompt
+        if "over_refusal" in rest and rest["over_refusal"] is None:  # no benign prompt was read: not measured
             del rest["over_refusal"]
         return evaluation(rest, units, counts, details)
 
