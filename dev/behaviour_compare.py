@@ -3,9 +3,11 @@
 What must agree: dev/eval_seam_check.py's file (each result's evaluation read through this opct's reader,
 opct.experiment.read_evaluation; the samples row for row); each demo's results.json read through this opct's
 reader (opct.experiment.read_results), less its timings; every logged per-step value of every training run (less
-wall-clock times); every run's adapter weights; every per-example samples file; each Inspect log's samples.
+wall-clock times); every run's adapter weights; every per-example samples file; each Inspect log's samples and
+its result scores.
 Differences a change intends (e.g. a comparison an axis did not have before) are listed with --allow KEY (a
-results.json top-level key or "comparison.<pair>") and printed, not failed.
+results.json top-level key, "comparison.<pair>", or "inspect.scores": the Inspect logs' result scores) and printed,
+not failed.
 
 Runs are matched by name through an explicit mapping (`renames`): an OLD folder written before every run was named
 "<method>-seed<S>" has its first seed's runs under the method's name (<demo>/opct, samples/opct.jsonl, the Inspect
@@ -63,6 +65,13 @@ def inspect_samples(d: Path, root: Path, renames: dict | None = None) -> dict:
             run = renames[run]
         out[run] = samples
     return out
+
+
+def inspect_scores(d: Path) -> dict:
+    """{run: {score name: its metrics}} of a demo's Inspect logs (the log's results, from its evaluation's metrics)."""
+    return {p.name.split("_", 2)[2].rsplit("_", 1)[0]: {s["name"]: s["metrics"] for s in
+                                                        json.loads(p.read_text())["results"]["scores"]}
+            for p in sorted(d.glob("*.json"))}
 
 
 def same_rows(old_lines: list[str], new_lines: list[str], axis: str) -> str:
@@ -149,6 +158,16 @@ def main():
         back = {n: o for o, n in renamed.items()}
         if inspect_samples(demo / "inspect", a.old) != inspect_samples(new / "inspect", a.new, back):
             bad.append(f"{demo.name}: Inspect logs' samples differ")
+        so, sn = inspect_scores(demo / "inspect"), inspect_scores(new / "inspect")
+        sn = {back.get(r, r): s for r, s in sn.items()}
+        for run in sorted(set(so) | set(sn)):
+            checked += 1
+            o, n = so.get(run, {}), sn.get(run, {})
+            if o != n:
+                what = ", ".join([f"-{k}" for k in o if k not in n] + [f"+{k}" for k in n if k not in o] +
+                                 [f"{k} values" for k in o if k in n and o[k] != n[k]])
+                (allowed if "inspect.scores" in a.allow else bad).append(
+                    f"{demo.name}: the Inspect log of {run} scores differently ({what})")
     for line in allowed:
         print(f"intended: {line}")
     for line in bad:
