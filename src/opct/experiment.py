@@ -19,13 +19,13 @@ splits: what the report's tables, the Inspect log's scores and `opct eval`'s pri
 split -> {unit: value}, a question's 0/1, a fact's pass rate: what comparisons pair), "counts" (name -> split ->
 a count: n, unparsed, unclosed reasoning) and "details" (anything else the axis' own report reads: its judge's
 name, per-fact tables, a second judge's reading). Each axis files its figures into them (`Axis.nest`, which
-also reads the flat evaluations opct wrote before 2026-12-04; `read_evaluation`).
+also reads the flat evaluations an earlier opct wrote; `read_evaluation`).
 
 A comparison pairs two methods item by item on the per-unit values of their evaluations ("units"). results.json
 "comparison" holds, for each pair (a, b) of the methods run where b is in a's `compared_with`, "<a>_minus_<b>":
 metric -> split -> the mean over the units both have of a - b with a paired 95 % bootstrap interval over them
-(opct.stats.paired_change). Across training seeds (`--seeds N`) `compare_seeds` pairs the two methods' runs of the same seed
-and bootstraps over seeds and units (opct.stats.crossed_cell).
+(opct.stats.paired_change). Across training seeds (`--seeds N`) `compare_seeds` pairs the two methods' runs of the
+same seed and bootstraps over seeds and units (opct.stats.crossed_cell).
 """
 
 from __future__ import annotations
@@ -258,9 +258,23 @@ def evaluation(metrics: dict, units: dict | None = None, counts: dict | None = N
     return {"metrics": metrics, "units": units or {}, "counts": counts or {}, "details": details or {}}
 
 
+def from_flat(flat: dict, units: dict, counts: tuple = (), details: tuple = (), drop: tuple = ()) -> dict:
+    """An axis' flat figures as an evaluation (`Axis.nest`): the keys named in `counts` and `details` go to those
+    sections, `drop` (the per-item tables `units` was read from) to none, and every other one is a metric, except
+    one that is None (not measured)."""
+    metrics = {k: v for k, v in flat.items() if k not in (*counts, *details, *drop) and v is not None}
+    return evaluation(metrics, units, {k: flat[k] for k in counts if k in flat},
+                      {k: flat[k] for k in details if k in flat})
+
+
+def entry(ev: dict, section: str, name: str):
+    """One entry of an evaluation's section (`SECTIONS`: a metric, a count, a detail), {} when absent."""
+    return (ev.get(section) or {}).get(name) or {}
+
+
 def read_evaluation(result: dict, axis: str) -> dict:
-    """An evaluation in this schema (`SECTIONS`), from this opct or from one that wrote it flat (its metrics, per-item
-    tables and counts side by side, before 2026-12-04): `axis`' `nest` files a flat one. Anything else (not a
+    """An evaluation in this schema (`SECTIONS`), from this opct or from an earlier one that wrote it flat (its
+    metrics, per-item tables and counts side by side): `axis`' `nest` files a flat one. Anything else (not a
     JSON object, an axis this opct does not know) is returned as it is."""
     if not isinstance(result, dict) or "metrics" in result or axis not in AXES:
         return result

@@ -9,8 +9,8 @@ contrastive prompt the frozen model answers well) and knows how to evaluate a mo
     res  = axis.evaluate(policy, fmt, data, cfg, samples=path)   # -> results.json section of one model
     probe = axis.probe(data, cfg)                       # -> probe(policy, fmt) -> {name: number}, or None
     blocks = axis.report_blocks(results, run_dir)       # -> this axis' report section (plots saved under run_dir)
-    axis.nest(flat)                                     # -> a flat evaluation (how evaluate computes it; what opct
-                                                        #    wrote before 2026-12-04) in the schema's sections
+    axis.nest(flat)                                     # -> a flat evaluation (how evaluate computes it; what an
+                                                        #    earlier opct wrote) in the schema's sections
 
 `cfg` is a DemoConfig or an EvalConfig: both carry every axis option (config.AxisOptions), so `prepare` and
 `evaluate` read the same fields under `opct demo` and `opct eval` and select the same evaluation items.
@@ -120,9 +120,9 @@ class Axis(Protocol):
 
     def nest(self, result: dict) -> dict:
         """An evaluation in the flat layout this axis' figures come in (its metrics, per-item tables and counts side
-        by side: what `evaluate` computes, and what opct wrote to results.json before 2026-12-04), filed into the
-        schema's four sections (opct.experiment.evaluation). `evaluate` returns it; opct.experiment.read_evaluation
-        reads an earlier opct's results through it."""
+        by side: what `evaluate` computes, and what an earlier opct wrote to results.json), filed into the schema's
+        four sections (opct.experiment.evaluation, usually through opct.experiment.from_flat). `evaluate` returns
+        it; opct.experiment.read_evaluation reads an earlier opct's results through it."""
         ...
 
     def verdict(self, row: dict) -> dict:

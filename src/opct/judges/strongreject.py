@@ -110,7 +110,9 @@ class StrongRejectJudge:
         concurrency = kw.pop("concurrency", 1)
         if kw.pop("constrained", False):
             kw["extra_body"] = {"structured_outputs": {"regex": FORMAT_REGEX}}
-        return cls(lambda msgs: endpoint.chat_completion(url, model, msgs, temperature=0.0, max_tokens=max_tokens, **kw),
+        def complete(msgs):
+            return endpoint.chat_completion(url, model, msgs, temperature=0.0, max_tokens=max_tokens, **kw)
+        return cls(complete,
                    name=f"strongreject:{model}" + (":constrained" if "extra_body" in kw else ""),
                    max_response_words=words, concurrency=concurrency)
 

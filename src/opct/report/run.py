@@ -21,7 +21,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from opct.data.io import atomic_write, read_jsonl
-from opct.experiment import BASE, METHODS, ON_POLICY, TRAINED, first_runs, methods_view, on_disk, pairs, tests_control
+from opct.experiment import (BASE, METHODS, ON_POLICY, TRAINED, entry, first_runs, methods_view, on_disk, pairs,
+                             tests_control)
 from opct.experiment import key as pair_key
 from opct.experiment import read_results as read_schema
 from opct.report.render import (COLORS, DASH, METHOD_ORDER, OTHER_COLORS, axis_metrics, direction, flatten, fmt_cell,
@@ -48,7 +49,7 @@ def unclosed_block(methods: dict, names: list[str], what: str = UNCLOSED_GRADED)
     """A paragraph for a thinking model's results (an evaluation that has `unclosed_reasoning`): how its answers
     were read (`what`, the axis' sentence) and how many replies had none, by method; None for a model without
     reasoning."""
-    counts = {m: methods[m].get("counts", {}).get("unclosed_reasoning") for m in names}
+    counts = {m: (methods[m].get("counts") or {}).get("unclosed_reasoning") for m in names}
     if not any(c is not None for c in counts.values()):
         return None
     shown = "; ".join(f"{label(m)} {sum((c or {}).values())} ({', '.join(f'{s} {n}' for s, n in (c or {}).items())})"
@@ -65,25 +66,25 @@ def read_metrics(path: Path) -> list[dict]:
 def per_split_metrics(methods: dict) -> list[str]:
     """Metric names stored as {split: cell} (each evaluation's "metrics"), in the order the evaluation wrote
     them."""
-    names = [name for m in methods.values() for name, v in m.get("metrics", {}).items()
+    names = [name for m in methods.values() for name, v in (m.get("metrics") or {}).items()
              if isinstance(v, dict) and not is_cell(v) and any(is_cell(c) for c in v.values())]
     return ordered(names, ())
 
 
 def scalar_metrics(methods: dict) -> list[str]:
     """Metric names stored as a single cell (clean_accuracy)."""
-    return ordered([name for m in methods.values() for name, v in m.get("metrics", {}).items() if is_cell(v)], ())
+    return ordered([name for m in methods.values() for name, v in (m.get("metrics") or {}).items() if is_cell(v)], ())
 
 
 def splits_of(methods: dict, metrics: list[str]) -> list[str]:
     names = [s for m in methods.values() for metric in metrics
-             for s, c in (m.get("metrics", {}).get(metric) or {}).items() if is_cell(c)]
+             for s, c in entry(m, "metrics", metric).items() if is_cell(c)]
     return ordered(names, ())
 
 
 def cell(methods: dict, method: str, metric: str, split: str | None = None) -> dict | None:
     """The {value, lo, hi, n} for one method/metric(/split), or None when absent or null."""
-    c = methods.get(method, {}).get("metrics", {}).get(metric)
+    c = entry(methods.get(method, {}), "metrics", metric)
     if split is not None:
         c = c.get(split) if isinstance(c, dict) else None
     return c if is_cell(c) and is_number(c["value"]) else None
@@ -173,7 +174,7 @@ def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str 
     splits = splits_of(methods, split_metrics)
     blocks = []
     for m in names:
-        warning = methods[m].get("details", {}).get("degenerate")
+        warning = entry(methods[m], "details", "degenerate")
         if isinstance(warning, str):
             blocks.append(("p", f"WARNING ({label(m)}): {warning}."))
     blocks.append(("p", note))
@@ -185,7 +186,7 @@ def results_blocks(results: dict, note: str = INTERVAL_NOTE, scalars_title: str 
         for s in splits:
             cells = [cell(methods, m, metric, s) for m in names]
             if any(cells):
-                fallbacks = [(methods[m].get("counts", {}).get("n") or {}).get(s) for m in names]
+                fallbacks = [entry(methods[m], "counts", "n").get(s) for m in names]
                 rows.append([s] + [fmt_cell(c) for c in cells] + [fmt_n(cells, fallbacks)])
         blocks.append(("table", header, rows))
     scalars = scalar_metrics(methods)

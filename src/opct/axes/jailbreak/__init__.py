@@ -46,7 +46,7 @@ from opct.axes.jailbreak import data, evaluate, report
 from opct.axes.jailbreak.data import NAME, Options, options
 from opct.judges.endpoint import check_endpoint
 from opct.axes.verdicts import jailbreak
-from opct.experiment import evaluation
+from opct.experiment import from_flat
 from opct.stats import is_cell
 
 # the axis (opct.axes.base.Axis): data.py holds its options and builds the pairs and items, evaluate.py generates,
@@ -101,17 +101,13 @@ class JailbreakAxis:
         adaptive attack's cracked and defence shares are metrics, its other figures details, as are the judge's
         name, the shown answers, the second judge's and the rubric's readings; the rest are metrics (over-refusal
         only when measured)."""
-        rest = dict(result)
-        units = rest.pop("per_item", None) or {}
-        counts = {k: rest.pop(k) for k in ("n", "unparseable", "unclosed_reasoning") if k in rest}
-        details = {k: rest.pop(k) for k in ("judge", "samples", "second_judge", "rubric") if k in rest}
-        if isinstance(rest.get("adaptive_attack"), dict):
-            attack = rest["adaptive_attack"]
-            rest["adaptive_attack"] = {k: v for k, v in attack.items() if is_cell(v)}
-            details["adaptive_attack"] = {k: v for k, v in attack.items() if not is_cell(v)}
-        if "over_refusal" in rest and rest["over_refusal"] is None:  # no benign prompt was read: not measured
-            del rest["over_refusal"]
-        return evaluation(rest, units, counts, details)
+        ev = from_flat(result, result.get("per_item") or {}, counts=("n", "unparseable", "unclosed_reasoning"),
+                       details=("judge", "samples", "second_judge", "rubric"), drop=("per_item",))
+        attack = ev["metrics"].get("adaptive_attack")
+        if isinstance(attack, dict):
+            ev["metrics"]["adaptive_attack"] = {k: v for k, v in attack.items() if is_cell(v)}
+            ev["details"]["adaptive_attack"] = {k: v for k, v in attack.items() if not is_cell(v)}
+        return ev
 
     def report_blocks(self, results: dict, run_dir) -> list:
         return report.report_blocks(results, run_dir)

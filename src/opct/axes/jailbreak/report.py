@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from opct.axes.jailbreak.data import ALL_SPLITS, SPLITS
 from opct.axes.jailbreak.threats import THREATS
+from opct.experiment import entry
 from opct.report.render import METHOD_ORDER, grouped_bars, label, method_legend, ordered, save_figure
 from opct.report.run import held_out_blocks, method_table, paired_blocks, unclosed_block
 
@@ -27,20 +28,16 @@ HELD_OUT = {"bare": ("held-out (other benchmarks)", "none"),
             "benign": ("benign look-alikes, never trained on", "none")}
 
 
-def metric(evaluation: dict, name: str) -> dict:
-    """One of an evaluation's metrics (opct.experiment.evaluation: a cell, or split -> cell); {} when absent."""
-    return evaluation.get("metrics", {}).get(name) or {}
+def metric(ev: dict, name: str) -> dict:
+    return entry(ev, "metrics", name)
 
 
-def count(evaluation: dict, name: str) -> dict:
-    """One of an evaluation's counts (split -> a count); {} when absent."""
-    return evaluation.get("counts", {}).get(name) or {}
+def count(ev: dict, name: str) -> dict:
+    return entry(ev, "counts", name)
 
 
-def detail(evaluation: dict, name: str) -> dict:
-    """One of an evaluation's details (the judges' readings, the shown answers, the adaptive attack's set-up); {}
-    when absent."""
-    return evaluation.get("details", {}).get(name) or {}
+def detail(ev: dict, name: str) -> dict:
+    return entry(ev, "details", name)
 
 
 def _fmt(c) -> str:

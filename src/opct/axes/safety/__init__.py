@@ -30,7 +30,7 @@ from pathlib import Path
 from opct.axes.base import UNCLOSED, AxisData, Metric, Reply, replies, unclosed_counts, write_samples
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
-from opct.experiment import evaluation
+from opct.experiment import from_flat
 from opct.stats import rate_cell
 from opct.axes.safety.facts import VARIANTS, SafetyPrompt, load_safety, make_pairs, split_facts
 from opct.axes.safety.report import safety_blocks
@@ -185,13 +185,12 @@ class SafetyAxis:
         heldout_variants, train) or over-warning rate (contrast); counts the responses, the unparsed and the
         unclosed; details the judge's name, the safety curves and the per-fact table (oracle's too); the rest are
         metrics."""
-        rest = dict(result)
-        counts = {k: rest.pop(k) for k in ("n_responses", "n_unparsed", "unclosed_reasoning") if k in rest}
-        details = {k: rest.pop(k) for k in ("judge", "safety_curve", "per_fact") if k in rest}
-        facts = details.get("per_fact") or {}
+        facts = result.get("per_fact") or {}
         units = {"pass_rate": {s: facts[s] for s in ("heldout", "heldout_variants", "train") if facts.get(s)},
                  "over_warning": {s: facts[s] for s in ("contrast",) if facts.get(s)}}
-        return evaluation(rest, {k: v for k, v in units.items() if v}, counts, details)
+        return from_flat(result, {k: v for k, v in units.items() if v},
+                         counts=("n_responses", "n_unparsed", "unclosed_reasoning"),
+                         details=("judge", "safety_curve", "per_fact"))
 
     def report_blocks(self, results: dict, run_dir: Path) -> list:
         return safety_blocks(results, Path(run_dir))

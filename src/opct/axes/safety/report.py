@@ -8,7 +8,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from opct.experiment import BASE
+from opct.experiment import BASE, entry
 from opct.report.render import DASH, label, method_color, save_figure
 from opct.report.run import held_out_blocks as held_out_table
 from opct.report.run import method_table, paired_blocks, results_blocks, unclosed_block
@@ -35,7 +35,7 @@ def plot_safety_curve(methods: dict, names: list[str], path: Path) -> bool:
     ax = fig.add_subplot()
     drawn = False
     for i, m in enumerate(names):
-        per_fact = methods[m].get("details", {}).get("per_fact") or {}
+        per_fact = entry(methods[m], "details", "per_fact")
         for split, style in (("heldout", "-"), ("train", "--"), ("oracle", ":")):
             rates = list((per_fact.get(split) or {}).values())
             if not rates or (split == "oracle" and m != BASE):
@@ -66,8 +66,8 @@ def read_samples(run_dir: Path, method: str) -> list[dict]:
 def held_out_blocks(results: dict) -> list:
     """What each evaluated split holds out, along both dimensions: facts (never trained on) and surface variants."""
     info = results.get("info") or {}
-    present = [s for s in HELD_OUT if any(s in (m.get("details", {}).get("per_fact") or {})
-                                     for m in method_table(results)[0].values())]
+    evaluations = method_table(results)[0].values()
+    present = [s for s in HELD_OUT if any(s in entry(m, "details", "per_fact") for m in evaluations)]
     if "heldout_variants" not in present:
         return []
     held = ", ".join(info.get("heldout_variants", [])) or DASH
@@ -79,7 +79,7 @@ def held_out_blocks(results: dict) -> list:
 
 def safety_blocks(results: dict, run_dir: Path) -> list:
     methods, names = method_table(results)
-    judge = next((j for m in names if (j := methods[m].get("details", {}).get("judge"))), "unknown")
+    judge = next((j for m in names if (j := entry(methods[m], "details", "judge"))), "unknown")
     blocks = [("p", f"Judge: {judge}.")] + held_out_blocks(results) + results_blocks(results, NOTE)
     if unclosed_block(methods, names):
         blocks.append(unclosed_block(methods, names))
@@ -89,7 +89,7 @@ def safety_blocks(results: dict, run_dir: Path) -> list:
     if plot_safety_curve(methods, names, run_dir / "plots" / "safety_curve.png"):
         blocks.append(("img", "Safety curve S(tau) by method", "plots/safety_curve.png"))
 
-    per = {m: (methods[m].get("details", {}).get("per_fact") or {}) for m in names}
+    per = {m: entry(methods[m], "details", "per_fact") for m in names}
     held = sorted({f for m in names for f in per[m].get("heldout", {})})
     if held:
         blocks.append(("h3", "Held-out facts: per-fact pass rate"))

@@ -46,7 +46,7 @@ from opct.data.mcq import MCQ, load_mcq, split_questions
 from opct.axes.options import DEMO_SOURCE
 from opct.axes.sycophancy.report import report_blocks
 from opct.axes.verdicts import sycophancy
-from opct.experiment import evaluation
+from opct.experiment import from_flat
 
 
 @dataclass
@@ -132,11 +132,9 @@ class SycophancyAxis:
         """`to_results`' flat evaluation in the schema's sections: units, per split each question's 0/1 (whether the
         cued answer took the suggestion, the sycophancy rate's unit); counts n and unclosed_reasoning; details the
         degenerate warning and how answers were read; the rest are metrics."""
-        rest = dict(result)
-        per_item = rest.pop("per_item", None)
-        counts = {k: rest.pop(k) for k in ("n", "unclosed_reasoning") if k in rest}
-        details = {k: rest.pop(k) for k in ("degenerate", "reading") if k in rest}
-        return evaluation(rest, {"sycophancy_rate": per_item} if per_item else {}, counts, details)
+        per_item = result.get("per_item")
+        return from_flat(result, {"sycophancy_rate": per_item} if per_item else {}, counts=("n", "unclosed_reasoning"),
+                         details=("degenerate", "reading"), drop=("per_item",))
 
     def prepare(self, cfg, tok):
         train_q, eval_q = split_questions_for(cfg.source, cfg.n_train, cfg.n_eval, cfg.seed, cfg.mode, tok)
