@@ -78,7 +78,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import machine, median  # noqa: E402
 
-from opct.threads import cpu_busy_seconds  # noqa: E402  (all cores' busy seconds, /proc/stat; no torch)
+from opct.cpu_load import cpu_busy_seconds  # noqa: E402  (all cores' busy seconds, /proc/stat; no torch)
 
 OPCT_STEP = os.path.join(HERE, "step.py")
 TRL_STEP = os.path.join(HERE, "trl_step.py")

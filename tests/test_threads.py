@@ -34,7 +34,7 @@ class Clock:
         self.t, self.busy, self.own = 100.0, 0.0, 0.0
         monkeypatch.setattr(threads.time, "monotonic", lambda: self.t)
         monkeypatch.setattr(threads, "cpu_busy_seconds", lambda cpus: self.busy)
-        monkeypatch.setattr(threads, "_own_cpu_seconds", lambda: self.own)
+        monkeypatch.setattr(threads, "own_cpu_seconds", lambda: self.own)
 
     def advance(self, wall, others, own):
         self.t += wall
@@ -117,9 +117,9 @@ def test_proc_readings_tell_other_processes_from_our_children(restore_threads):
         child = subprocess.Popen([sys.executable, "-c", BUSY])
         try:
             time.sleep(0.3)
-            own0 = threads._own_cpu_seconds()
+            own0 = threads.own_cpu_seconds()
             others = others_over(1.5)
-            return stranger, others < base + 0.5, threads._own_cpu_seconds() - own0 > 0.7
+            return stranger, others < base + 0.5, threads.own_cpu_seconds() - own0 > 0.7
         finally:
             child.kill()
             child.wait()

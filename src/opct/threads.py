@@ -27,50 +27,11 @@ import math
 import os
 import time
 
+import torch
+
+from opct.cpu_load import cpu_busy_seconds, own_cpu_seconds
+
 MIN_INTERVAL_S = 0.5  # shorter intervals are too noisy to judge; keep the count and wait for a longer one
-
-
-def cpu_busy_seconds(cpus: set[int] | None = None) -> float | None:
-    """Seconds the given cores (default: all) spent busy (neither idle nor waiting for I/O) since boot, from
-    /proc/stat; None where it cannot be read. (This module imports torch only where it sets a count, so the
-    benchmarks' driver can read the load without loading torch.)"""
-    try:
-        with open("/proc/stat") as f:
-            lines = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
-    except OSError:
-        return None
-    # user nice system irq softirq steal (guest time is already inside user and nice)
-    ticks = sum(sum(int(p[i]) for i in (1, 2, 3, 6, 7, 8) if i < len(p))
-                for p in lines if cpus is None or int(p[0][3:]) in cpus)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_seconds() -> float | None:
-    """CPU seconds of this process and every live descendant (utime + stime from /proc/<pid>/stat)."""
-    me = os.getpid()
-    parent, cpu = {}, {}
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"; comm may hold spaces
-        except OSError:
-            continue  # exited meanwhile
-        parent[pid] = int(fields[1])
-        cpu[pid] = int(fields[11]) + int(fields[12])
-    if me not in cpu:
-        return None
-    total = 0
-    for pid in cpu:
-        p = pid
-        while p > 1 and p != me:
-            p = parent.get(p, 0)
-        if p == me:
-            total += cpu[pid]
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 class Threads:
@@ -78,8 +39,6 @@ class Threads:
     generation) applies the policy above and returns the count in use."""
 
     def __init__(self, requested: int = 0, default: int | None = None):
-        import torch
-
         self.auto = requested <= 0
         self.cap = requested if requested > 0 else (default or torch.get_num_threads())
         try:
@@ -93,7 +52,7 @@ class Threads:
     def _now(self):
         if not self.auto:
             return None
-        busy, own = cpu_busy_seconds(self.cpus), _own_cpu_seconds()
+        busy, own = cpu_busy_seconds(self.cpus), own_cpu_seconds()
         return None if busy is None or own is None else (time.monotonic(), busy, own)
 
     def others_busy(self, now) -> float | None:
@@ -104,8 +63,6 @@ class Threads:
         return max(0.0, (busy - own) / wall)
 
     def adjust(self) -> int:
-        import torch
-
         now = self._now()
         others = self.others_busy(now)
         if others is not None:
@@ -125,8 +82,6 @@ _default: int | None = None  # torch's own count before any policy lowered it
 
 def use(requested: int) -> Threads:
     """Make `requested` (0 = auto) this process's thread policy and apply its starting count."""
-    import torch
-
     global _active, _default
     if _default is None:
         _default = torch.get_num_threads()
@@ -141,6 +96,4 @@ def others_busy() -> float | None:
 
 def adjust() -> int:
     """Apply the active policy (see the module docstring); returns the thread count now in use."""
-    import torch
-
     return _active.adjust() if _active is not None else torch.get_num_threads()
