@@ -49,6 +49,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 
 from opct.errors import UserError
 from opct.data.chat import ChatFormat
@@ -354,15 +355,11 @@ def capability_block(results_by_method: dict[str, dict]) -> dict:
 
 def plot_capability(block: dict, path: str | Path) -> Path:
     """Grouped bars per task (one bar per method) with 95% intervals; a dotted line marks chance."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     tasks = list(block)
     methods = list(dict.fromkeys(m for t in tasks for m in block[t]["methods"]))
     width = 0.8 / max(len(methods), 1)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(tasks) + 1), 3.2))
+    fig = Figure(figsize=(max(4.0, 1.6 * len(tasks) + 1), 3.2))
+    ax = fig.subplots()
     for j, m in enumerate(methods):
         xs, ys, err = [], [], [[], []]
         for i, t in enumerate(tasks):
@@ -387,5 +384,4 @@ def plot_capability(block: dict, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
