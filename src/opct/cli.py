@@ -1,4 +1,5 @@
-"""`opct` command line: parse a config, call one function. Errors in user input exit with status 2.
+"""`opct` command line: parse and check a command's config, then run it (opct.commands). Errors in user input exit with
+status 2.
 
 This is the one place that sets process-wide state before torch is imported: transparent huge pages for the CPU
 backend (`huge_pages`), which PyTorch reads at its first allocation. Nothing is set on `import opct`.
@@ -18,36 +19,35 @@ from pathlib import Path
 from opct import __version__, config, options
 from opct.errors import MachineError, UserError
 from opct.axes import axis_defaults, axis_names
-from opct.experiment import parse_methods, run_name
 from opct.provenance import git_commit
-from opct.stats import result_rows
 
 
-def before_torch(cfg) -> None:
-    """Process settings that must precede torch's first allocation (the cpu backend's huge_pages: cpu/process.py)."""
+def before_torch(cfg):
+    """Process settings that must precede torch's first allocation (the cpu backend's huge_pages: cpu/process.py);
+    then the commands (`commands`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg, _ = options.apply_env_overrides(cfg)
     if cfg.huge_pages and cfg.backend in ("auto", "cpu") and cfg.device in ("auto", "cpu"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    return commands()
+
+
+def commands():
+    """opct.commands, what each command runs. Its import loads torch, so it comes only when a command runs, after
+    its config is checked and `before_torch` has set the process up: the one import cli.py defers."""
+    from opct import commands
+
+    return commands
+
 
 def cmd_train(args) -> None:
     cfg = config.build(config.TrainConfig, args)
-    before_torch(cfg)
-    from opct.algo.opct import train
-
-    out = train(cfg)
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
-        print(f"opct: done -> {out}/model (metrics: {out}/metrics.jsonl)")
+    before_torch(cfg).train(cfg)
 
 
 def cmd_sft(args) -> None:
     cfg = config.build(config.SFTConfig, args)
-    before_torch(cfg)
-    from opct.algo.sft import train_sft
-
-    out = train_sft(cfg)
-    if os.environ.get("RANK", "0") == "0":
-        print(f"opct: done -> {out}/model (targets: {out}/targets.jsonl, metrics: {out}/metrics.jsonl)")
+    before_torch(cfg).sft(cfg)
 
 
 def check_output_file(path: str, option: str) -> None:
@@ -73,25 +73,8 @@ def check_output_dir(path: str, option: str) -> None:
 def cmd_eval(args) -> None:
     cfg = config.build(config.EvalConfig, args, defaults=axis_defaults)
     check_output_file(cfg.out, "--out")
-    before_torch(cfg)
-    if cfg.tasks:
-        from opct.evaluate import run_capability_eval
-        from opct.evals.capability import format_results
-
-        print(format_results(run_capability_eval(cfg)))
-        if cfg.out:
-            print(f"opct: wrote {cfg.out}")
-        return
-    from opct.evaluate import run_eval
-
-    res = run_eval(cfg)
-    for metric, split, c in result_rows(res):  # value None: nothing measured (n = 0)
-        value = "  -  " if c["value"] is None else f"{c['value']:.3f}"
-        print(f"{metric:16s} {split:20s} {value}  [{c['lo']:.3f}, {c['hi']:.3f}]  n={c['n']}")
-    if cfg.out:
-        print(f"opct: wrote {cfg.out}")
-    else:
-        print(json.dumps(res))
+    commands = before_torch(cfg)
+    (commands.eval_tasks if cfg.tasks else commands.eval_axis)(cfg)
 
 
 # Options that name one axis' data: meaningless for another axis, so refused for a run over several.
@@ -104,13 +87,7 @@ def cmd_demo(args) -> None:
     if len(names) == 1:
         cfg = config.build(config.DemoConfig, args, defaults=axis_defaults, overrides={"axis": names[0]})
         check_output_dir(cfg.out, "--out")
-        before_torch(cfg)
-        from opct.demo import run_demo
-
-        out = run_demo(cfg)
-        models = ", ".join(f"{out}/{run_name(m, cfg.seed)}/model" for m in parse_methods(cfg.methods))
-        more = "; the other seeds' beside them as <method>-seed<S>" if cfg.seeds > 1 else ""
-        print(f"opct: demo done -> {out}/report.md  ({out}/results.json, models in {models}{more})")
+        before_torch(cfg).run_demo(cfg)
         return
     for name in ONE_AXIS_OPTIONS:
         if name in user:
@@ -122,41 +99,25 @@ def cmd_demo(args) -> None:
     check_output_dir(str(top), "--out")
     cfgs = [config.build(config.DemoConfig, args, defaults=axis_defaults, overrides={"axis": n, "out": str(top / n)})
             for n in names]
-    before_torch(cfgs[0])
-    from opct.demo import run_demos
-
-    out = run_demos(cfgs, top)
-    print(f"opct: demo done -> {out}/report.md  (summary.json; one demo per axis: "
-          f"{', '.join(f'{out}/{n}' for n in names)})")
+    before_torch(cfgs[0]).run_demos(cfgs, top, names)
 
 
 def cmd_check(args) -> None:
     cfg = config.build(config.CheckConfig, args)
     check_output_dir(cfg.out, "--out")
-    before_torch(cfg)
-    from opct.lens.check import print_summary, run_check
-
-    print_summary(run_check(cfg))
-    print(f"opct: wrote {cfg.out}/check.json and {cfg.out}/check.html")
+    before_torch(cfg).check(cfg)
 
 
 def cmd_report(args) -> None:
-    from opct.report import write_report
-
     results = Path(args.run_dir) / "results.json"
     summary = Path(args.run_dir) / "summary.json"
     if summary.is_file() and not results.is_file():  # a demo over several axes: each axis' report, then the summary
-        from opct.report import write_summary
-
         try:
             prior = json.loads(summary.read_text())
             axes, wall = prior["axes"], prior.get("wall_seconds")
         except (ValueError, KeyError, TypeError) as e:
             raise options.ConfigError(f"{summary}: not a summary `opct demo --axis all` wrote ({e})") from None
-        for name in axes:
-            write_report(Path(args.run_dir) / name)
-        paths = write_summary(args.run_dir, axes, wall_seconds=wall)
-        print(f"opct: wrote {paths['markdown']} and {paths['html']} (and each axis' report)")
+        commands().write_summary(args.run_dir, axes, wall)
         return
     if results.is_file():
         try:
@@ -168,9 +129,7 @@ def cmd_report(args) -> None:
         if not isinstance(loaded, dict):
             raise options.ConfigError(f"{results}: expected a JSON object (a demo's results), got "
                                      f"{type(loaded).__name__}")
-
-    paths = write_report(args.run_dir)
-    print(f"opct: wrote {paths['markdown']} and {paths['html']}")
+    commands().write_report(args.run_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:
