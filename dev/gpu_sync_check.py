@@ -16,9 +16,9 @@ import sys
 def main() -> int:
     mode, args = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
     from opct import cli
-    from opct.backends import vllm_sampler
+    from opct.backends import vllm_engine, vllm_sampler
 
-    cls = vllm_sampler.VLLMSampler if mode == "vllm" else vllm_sampler.VLLMServerSampler
+    cls = vllm_engine.VLLMSampler if mode == "vllm" else vllm_sampler.VLLMServerSampler
     real_sync = cls.sync
     cls.sync = lambda self, model, step: real_sync(self, model, step) if step == 0 else 0.0
     err = io.StringIO()

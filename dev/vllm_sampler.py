@@ -57,7 +57,7 @@ def main():
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from opct.backends.vllm_sampler import VLLMSampler
+    from opct.backends.vllm_engine import VLLMSampler
     from opct.models import resolve
     from opct.backends.sampling import SamplingSettings
 

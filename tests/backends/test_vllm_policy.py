@@ -4,6 +4,7 @@ gradients stay with the training backend, weights are synced after every step, a
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -101,15 +102,13 @@ def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir,
     longer prompts fail when vLLM refused the first request), and run.json records it."""
     import importlib.util
 
-    from opct.backends import vllm_sampler
-
     assert vllm_backend.needed_model_len([10, 30], 64) == vllm_backend.DEFAULT_MAX_MODEL_LEN
     assert vllm_backend.needed_model_len([2000, 30], 100) == 2100
     assert vllm_backend.needed_model_len([], 4096) == 4096
 
     seen = {}
 
-    class Engine(FakeSampler):  # stands in for vllm_sampler.VLLMSampler inside make_sampler
+    class Engine(FakeSampler):  # stands in for vllm_engine.VLLMSampler inside make_sampler
         def __init__(self, model_dir, eos_ids, *, max_model_len, **kw):
             super().__init__()
             seen.update(kw, model_dir=model_dir)
@@ -118,7 +117,7 @@ def test_the_engine_context_fits_the_longest_prompt_and_response(tiny_model_dir,
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else
                         real_find_spec(name, *a))
-    monkeypatch.setattr(vllm_sampler, "VLLMSampler", Engine)
+    monkeypatch.setattr(vllm_backend, "colocated", lambda: SimpleNamespace(VLLMSampler=Engine))
     monkeypatch.setattr(vllm_backend, "needed_model_len", lambda lengths, new: max(lengths) + new)  # the lengths
     out = tmp_path / "run"
     cfg = cfg_for(tiny_model_dir, out, steps=1, sampler="vllm")
@@ -385,7 +384,6 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(mo
     (the sampler's eager default)."""
     import torch
 
-    from opct.backends import vllm_sampler
     from opct.config import TrainConfig
 
     seen = {}
@@ -396,7 +394,7 @@ def test_an_engine_on_a_gpu_captures_cuda_graphs_for_lora_unless_they_are_off(mo
 
     monkeypatch.setattr(vllm_backend, "check", lambda cfg: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(vllm_sampler, "VLLMSampler", Engine)
+    monkeypatch.setattr(vllm_backend, "colocated", lambda: SimpleNamespace(VLLMSampler=Engine))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = TrainConfig(model=str(tiny_model_dir), sampler="vllm", cuda_graphs=cuda_graphs, vllm_gpu_memory=0.25,
                       lora_rank=lora_rank)

@@ -17,7 +17,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from opct.backends.vllm_sampler import VLLMSampler, VLLMServerSampler  # noqa: E402
+from opct.backends.vllm_engine import VLLMSampler  # noqa: E402
+from opct.backends.vllm_sampler import VLLMServerSampler  # noqa: E402
 from opct.backends.sampling import SamplingSettings  # noqa: E402
 from tests.procs import run_tree  # noqa: E402
 
@@ -252,9 +253,7 @@ def test_a_sabotaged_weight_sync_stops_the_run_with_exit_1(model_dir, tmp_path, 
     0's adapter: the initial weights) no new adapter is ever loaded, so vLLM keeps serving the initial model while the
     trainer learns. The sync check stops the run (exit 1, one line) before the third step samples."""
     from opct import cli
-    from opct.backends import vllm_sampler
-
-    cls = vllm_sampler.VLLMSampler if sampler == "vllm" else vllm_sampler.VLLMServerSampler
+    cls = VLLMSampler if sampler == "vllm" else VLLMServerSampler
     real_sync = cls.sync
 
     def sync_that_never_loads(self, model, step):

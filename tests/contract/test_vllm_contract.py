@@ -297,7 +297,7 @@ def test_sampling_and_log_probs(model_dir, engines):
     and the output fields opct reads (CompletionOutput.token_ids/logprobs, Logprob.logprob,
     RequestOutput.prompt_logprobs)."""
     from opct.backends.sampling import SamplingSettings
-    from opct.backends.vllm_sampler import VLLMSampler
+    from opct.backends.vllm_engine import VLLMSampler
 
     settings = SamplingSettings(max_new_tokens=2, temperature=0.8, top_p=0.95, top_k=50)
     for lora_rank in (8, 0):  # one prompt-logprob call per sequence with LoRA, one batch without
@@ -314,7 +314,7 @@ def test_sampling_and_log_probs(model_dir, engines):
 def test_weight_sync_adapters_and_reload(model_dir, adapter_dir, engines):
     """sync with a LoRA model (a fresh LoRARequest each time, add_lora then remove_lora of the previous one), with a
     plain model (collective_rpc of the worker extension's method, reset_prefix_cache), serve_adapter."""
-    from opct.backends.vllm_sampler import VLLMSampler
+    from opct.backends.vllm_engine import VLLMSampler
     from opct.backends.vllm_worker import WeightSync
 
     lora = VLLMSampler(str(model_dir), [2], lora_rank=8)
@@ -343,7 +343,7 @@ def test_weight_sync_adapters_and_reload(model_dir, adapter_dir, engines):
 def test_sleep_and_wake(model_dir, engines):
     """--vllm-sleep 1 and 2: LLM.sleep(level=), wake_up(tags=[...]) in two steps, the level-2 LoRA reload through the
     worker extension, reset_prefix_cache."""
-    from opct.backends.vllm_sampler import VLLMSampler
+    from opct.backends.vllm_engine import VLLMSampler
 
     for level in (1, 2):
         s = VLLMSampler(str(model_dir), [2], lora_rank=8, sleep_level=level)
@@ -362,7 +362,7 @@ def test_sleep_and_wake(model_dir, engines):
 
 def test_engine_shutdown(model_dir, engines):
     """close(): llm.llm_engine.engine_core.shutdown(timeout=...) on whichever client LLM made."""
-    from opct.backends.vllm_sampler import VLLMSampler
+    from opct.backends.vllm_engine import VLLMSampler
 
     VLLMSampler(str(model_dir), [2]).close()
     core = engines.made[0][1].llm_engine.engine_core
@@ -897,7 +897,7 @@ def test_the_environment_variables_opct_sets_are_vllms(launches, engines, model_
     environment), is one vllm.envs knows, and vllm.envs parses opct's value."""
     import vllm.envs as envs
 
-    from opct.backends.vllm_sampler import VLLMSampler
+    from opct.backends.vllm_engine import VLLMSampler
 
     before = dict(os.environ)
     s = VLLMSampler(str(model_dir), [2])

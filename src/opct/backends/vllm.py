@@ -281,7 +281,7 @@ def make_sampler(spec: SamplerSpec, eos_ids, prompt_lengths=(), *, device: torch
         extra = {"gpu_memory_utilization": spec.gpu_memory, "enforce_eager": not graphs,
                  **({"sleep_level": spec.sleep} if spec.sleep else {})} if on_gpu else {}
         with visible_device(gpu):  # the engine's worker process starts with only this rank's GPU visible
-            return vllm_sampler.VLLMSampler(resolve_model(spec.model), eos_ids, **kw, **extra)
+            return colocated().VLLMSampler(resolve_model(spec.model), eos_ids, **kw, **extra)
     if spec.url:
         sampler = vllm_sampler.VLLMServerSampler(eos_ids, url=spec.url, lora_rank=spec.lora_rank)
         need = max(prompt_lengths, default=0) + spec.max_new_tokens
@@ -294,6 +294,15 @@ def make_sampler(spec: SamplerSpec, eos_ids, prompt_lengths=(), *, device: torch
     extra_args = ("--gpu-memory-utilization", str(spec.gpu_memory)) if on_gpu else ()
     with visible_device(gpu):
         return vllm_sampler.VLLMServerSampler(eos_ids, model_dir=resolve_model(spec.model), extra_args=extra_args, **kw)
+
+
+def colocated():
+    """opct.backends.vllm_engine, the in-process engine's module. It imports vllm, an optional extra, so it is
+    imported here, when an engine is built (after `check` or extras.require named the extra if vllm is missing);
+    tests replace this function with a stand-in engine."""
+    from opct.backends import vllm_engine
+
+    return vllm_engine
 
 
 def check_sleep(level: int, sampler: str, device: torch.device) -> None:
@@ -348,10 +357,10 @@ def inference_sampler(name: str, cfg, eos_ids, device: torch.device, dtype: torc
 
     def start():
         with visible_device(str(torch.cuda.current_device()) if on_gpu else None):
-            sampler = vllm_sampler.VLLMSampler(base, eos_ids, dtype=str(select.resolve_vllm_dtype(cfg.vllm_dtype, device, dtype))
-                                  .removeprefix("torch."), lora_rank=rank, seed=cfg.seed,
-                                  max_model_len=min(ctx, INFERENCE_MAX_MODEL_LEN),
-                                  kv_cache_gib=cfg.vllm_kv_cache_gib, **extra)
+            engine_dtype = str(select.resolve_vllm_dtype(cfg.vllm_dtype, device, dtype)).removeprefix("torch.")
+            sampler = colocated().VLLMSampler(base, eos_ids, dtype=engine_dtype, lora_rank=rank, seed=cfg.seed,
+                                              max_model_len=min(ctx, INFERENCE_MAX_MODEL_LEN),
+                                              kv_cache_gib=cfg.vllm_kv_cache_gib, **extra)
         if adapter:
             sampler.serve_adapter(adapter)
         return sampler
