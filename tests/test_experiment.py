@@ -1,13 +1,13 @@
-"""The methods table and the one comparison (opct.experiment): pairs from the table, paired changes over the units
+"""The methods table and the one comparison (opct.experiment, opct.across_seeds): pairs from the table, paired changes over the units
 both methods have, within and across seeds, and earlier results files read into this schema."""
 
 import dataclasses
 
 import pytest
 
-from opct.experiment import (METHODS, SECTIONS, TRAINED, compare, compare_seeds, evaluation, first_runs, methods_view,
-                             on_disk, pairs, parse_methods, parse_run, read_comparison, read_evaluation, read_results,
-                             run_name)
+from opct.across_seeds import compare_seeds
+from opct.experiment import (METHODS, SECTIONS, TRAINED, compare, evaluation, first_runs, methods_view, on_disk, pairs,
+                             parse_methods, parse_run, read_comparison, read_evaluation, read_results, run_name)
 from opct.stats import result_rows
 
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from opct.stats import crossed_cell, paired_change, seed_differences
+from opct.across_seeds import crossed_cell, seed_differences
+from opct.stats import paired_change
 
 
 def units(values):

@@ -54,8 +54,9 @@ from opct.options import read_yaml, resumable_fields, to_yaml
 from opct.data.io import atomic_write, write_json
 from opct.evaluate import capability_run, check_eval_engine
 from opct.errors import UserError
-from opct.experiment import (BASE, METHODS, ON_POLICY, TRAINED, compare, compare_seeds, parse_methods, read_evaluation,
+from opct.experiment import (BASE, METHODS, ON_POLICY, TRAINED, compare, parse_methods, read_evaluation,
                              run_name)
+from opct.across_seeds import compare_seeds
 from opct.axes import get_axis
 from opct.backends.vllm import check_sleep
 from opct.data.pairs import save_pairs
@@ -125,7 +126,7 @@ def across_seeds(cfg: DemoConfig, methods: list[str], every: dict) -> dict:
     """results.json "seeds": per metric and split (the evaluations' per-unit values, "units"), base's mean over units
     (one model: a bootstrap over units), each method's mean over seeds and units with each seed's value, and each
     pair of trained methods (opct.experiment.pairs) paired unit by unit within each seed; the methods' intervals come
-    from the two-way bootstrap over seeds and units (`opct.experiment.compare_seeds`); `every`: results "runs"."""
+    from the two-way bootstrap over seeds and units (`opct.across_seeds.compare_seeds`); `every`: results "runs"."""
     seeds = train_seeds(cfg)
     units = {m: [every[run_name(m, s)]["units"] for s in seeds] for m in methods}
     base = every[BASE]["units"] if BASE in every else {}

@@ -24,8 +24,8 @@ also reads the flat evaluations an earlier opct wrote; `read_evaluation`).
 A comparison pairs two methods item by item on the per-unit values of their evaluations ("units"). results.json
 "comparison" holds, for each pair (a, b) of the methods run where b is in a's `compared_with`, "<a>_minus_<b>":
 metric -> split -> the mean over the units both have of a - b with a paired 95 % bootstrap interval over them
-(opct.stats.paired_change). Across training seeds (`--seeds N`) `compare_seeds` pairs the two methods' runs of the
-same seed and bootstraps over seeds and units (opct.stats.crossed_cell).
+(opct.stats.paired_change). Across training seeds (`--seeds N`) opct.across_seeds.compare_seeds pairs the two methods'
+runs of the same seed and bootstraps over seeds and units.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opct.axes import AXES, FIRST_AXIS, get_axis
-from opct.stats import crossed_cell, paired_change, seed_differences
+from opct.stats import paired_change
 
 
 OFFLINE, ON_POLICY = "offline", "on-policy"  # the two trainers: opct.algo.sft, opct.algo.opct
@@ -116,26 +116,6 @@ def compare(units: dict[str, dict], names=None) -> dict:
         if table:
             out[key(a, b)] = table
     return out
-
-
-def compare_seeds(units: dict[str, list[dict]], base: dict) -> dict:
-    """results.json "seeds" "table": metric -> split -> {method: mean over seeds and units (two-way bootstrap),
-    "base": base's mean over units, "<a>_minus_<b>": a - b paired unit by unit within each seed} for the methods of
-    `units` (method -> each seed's evaluation "units", seeds in the same order for every method) and `base` (the base
-    model's units: one model)."""
-    names = list(units)
-    table: dict = {}
-    for metric, splits in (units[names[0]][0] if names else {}).items():
-        for split in splits:
-            def per_seed(m):
-                return [r.get(metric, {}).get(split, {}) for r in units[m]]
-            row = {m: crossed_cell(per_seed(m)) for m in names}
-            if split in base.get(metric, {}):
-                row[BASE] = crossed_cell([base[metric][split]])
-            for a, b in pairs(names, trained_only=True):
-                row[key(a, b)] = crossed_cell(seed_differences(per_seed(a), per_seed(b)))
-            table.setdefault(metric, {})[split] = {k: v for k, v in row.items() if v is not None}
-    return table
 
 
 def run_name(method: str, seed: int) -> str:

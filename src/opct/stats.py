@@ -3,8 +3,8 @@
 A results cell is {"value", "lo", "hi", "n"}: a rate k/n and its interval ("value" None when n = 0: nothing was
 measured, and the interval is then all of [0, 1]). Statistics of per-unit values (per fact, per question) get a
 seeded percentile bootstrap over the units (`rate_cell`), and two models measured on the same units a paired one
-(`paired_change`). Several training runs (seeds) of a method, each read on the same units, get a two-way bootstrap
-over seeds and units (`crossed_cell`).
+(`paired_change`). Several training runs (seeds) of a method get a two-way bootstrap over seeds and units
+(opct.across_seeds.crossed_cell). This module needs only the standard library (the Inspect export reads it).
 """
 
 from __future__ import annotations
@@ -88,36 +88,3 @@ def paired_change(a: dict[str, float], b: dict[str, float]) -> dict | None:
     if not common:
         return None
     return rate_cell([a[u] - b[u] for u in common])
-
-
-def crossed_cell(runs: list[dict[str, float]]) -> dict | None:
-    """The mean over seeds and units of per-unit values, runs[k] = {unit: value} for training seed k, as a cell with
-    "per_seed" (each seed's mean over the units) and a 95 % percentile interval from a two-way bootstrap.
-
-    Every seed's model is read on every unit (a crossed design), so both are random: another training run would give
-    another model, other items another test. Each resample draws K seeds and U units with replacement, independently
-    (Owen 2007, "the pigeonhole bootstrap"), and takes the mean of the K x U values they select; its spread carries
-    the seed-to-seed and the item-to-item variance (slightly more than both: it counts the residual twice, which
-    errs wide). With one seed it is the bootstrap over units of `rate_cell`. Pass per-unit differences of two
-    methods trained with the same seeds (`seed_differences`) for a paired comparison. Units: those every run has;
-    None when they share none."""
-    import torch
-
-    units = [u for u in runs[0] if all(u in r for r in runs[1:])] if runs else []
-    if not units:
-        return None
-    m_KU = torch.tensor([[r[u] for u in units] for r in runs], dtype=torch.float64)
-    K, U = m_KU.shape
-    g = torch.Generator().manual_seed(BOOT_SEED)
-
-    def draws(n):  # per resample, how often each of n things is drawn (n draws with replacement)
-        return torch.zeros(N_BOOT, n, dtype=torch.float64).scatter_add_(
-            1, torch.randint(n, (N_BOOT, n), generator=g), torch.ones(N_BOOT, n, dtype=torch.float64))
-    w_BK, w_BU = draws(K), draws(U)
-    lo, hi = percentile_interval(torch.einsum("bk,ku,bu->b", w_BK, m_KU, w_BU).div(K * U).tolist())
-    return {"value": m_KU.mean().item(), "lo": lo, "hi": hi, "n": U, "seeds": K, "per_seed": m_KU.mean(1).tolist()}
-
-
-def seed_differences(a_runs: list[dict[str, float]], b_runs: list[dict[str, float]]) -> list[dict[str, float]]:
-    """Per seed, a - b on each unit both runs of that seed have (methods trained with the same seed paired)."""
-    return [{u: a[u] - b[u] for u in a if u in b} for a, b in zip(a_runs, b_runs, strict=True)]
