@@ -50,6 +50,22 @@ NAMES_A_MODEL = not_blank("must name a model")
 NAMES_A_DIRECTORY = not_blank("must name an output directory")
 THINK_TAGS = Check(_think_tags, "must be auto, harmony, none or OPEN,CLOSE (e.g. <think>,</think>)")
 JSON_OBJECT = json_object("'{\"enable_thinking\": true}'")
+# the arguments opct itself gives a tokenizer's apply_chat_template (opct.data.chat: prompts and lm-eval's chat
+# texts): a chat-template option (--chat-template-kwargs) of one of these names would collide with opct's own
+TEMPLATE_ARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message", "return_dict",
+                 "chat_template")
+
+
+def leaves_opcts_own(option: str) -> Check:
+    """A chat-template options object (after JSON_OBJECT) that sets none of TEMPLATE_ARGS."""
+    def check(text: str) -> None:
+        taken = sorted(set(json.loads(text)) & set(TEMPLATE_ARGS)) if text else []
+        if taken:
+            raise ValueError(f"--{option} sets {', '.join(taken)}, which opct itself passes to the chat template (its "
+                             f"options are the template's own variables, e.g. enable_thinking), got {text!r}")
+    return parses(check)
+
+
 BETAS = Check(_two_betas, "must be two numbers in [0, 1) separated by a comma, e.g. 0.9,0.999")
 REPORT_TO = parses(trackers.parse)
 
@@ -194,10 +210,12 @@ class ChatSettings:
     chat_template_kwargs: str = opt("", "a JSON object of options passed to the chat template (training: both sides; "
                                     "evaluation: every prompt), e.g. '{\"enable_thinking\": true}' for a Qwen3-style "
                                     "thinking model; empty = none", group=CHAT,
-                                    commands=("train", "sft", "eval", "demo", "check"), check=JSON_OBJECT)
+                                    commands=("train", "sft", "eval", "demo", "check"),
+                                    check=(JSON_OBJECT, leaves_opcts_own("chat-template-kwargs")))
     teacher_chat_template_kwargs: str = opt("", "a JSON object merged over --chat-template-kwargs for the teacher's "
                                             "side only, where the sides must differ; empty = the student's",
-                                            group=CHAT, commands=(*TRAINING, "check"), check=JSON_OBJECT)
+                                            group=CHAT, commands=(*TRAINING, "check"),
+                                            check=(JSON_OBJECT, leaves_opcts_own("teacher-chat-template-kwargs")))
     think_tags: str = opt("auto", "the tokens that open and close a response's reasoning: auto = <think>,</think> "
                           "where the tokenizer has each as one token, else harmony where it has harmony's markers, "
                           "else none; harmony (gpt-oss: the analysis channel); none; or OPEN,CLOSE. Evaluations "
@@ -452,15 +470,6 @@ def validate(cfg):
     # 512: vLLM's largest max_lora_rank
     if isinstance(cfg, (StudentSampler, DemoConfig)) and cfg.sampler in ("vllm", "vllm-server"):
         _check(cfg.lora_rank <= 512, "lora_rank", "must be <= 512 with a vLLM sampler", cfg.lora_rank)
-    if isinstance(cfg, ChatSettings):  # JSON objects (JSON_OBJECT) that leave opct's own arguments alone
-        for name, text in (("chat_template_kwargs", cfg.chat_template_kwargs),
-                           ("teacher_chat_template_kwargs", cfg.teacher_chat_template_kwargs)):
-            if text:
-                from opct.data.chat import TEMPLATE_ARGS
-
-                taken = sorted(set(json.loads(text)) & set(TEMPLATE_ARGS))
-                _check(not taken, name, f"sets {', '.join(taken)}, which opct itself passes to the chat template "
-                       "(its options are the template's own variables, e.g. enable_thinking)", text)
     return cfg
 
 

@@ -33,13 +33,6 @@ from opct.data.reasoning import ThinkTags
 
 SIDES = ("student", "teacher")
 
-# the arguments opct itself gives a tokenizer's apply_chat_template (here, for prompts and lm-eval's chat texts): a
-# chat-template option (--chat-template-kwargs) of one of these names would collide with opct's own and is refused
-# (config.validate)
-TEMPLATE_ARGS = ("conversation", "tokenize", "add_generation_prompt", "continue_final_message", "return_dict",
-                 "chat_template")
-
-
 def template_kwargs(cfg) -> tuple[dict, dict]:
     """(student's, teacher's) chat-template options of a config with the chat settings (config.ChatSettings): the
     teacher's merged over the shared."""
