@@ -1,6 +1,6 @@
 """`opct demo --axis NAME`: one axis end to end, sized for a 2-core CPU (default axis: sycophancy).
 
-  1. prepare     the axis builds its training pairs and evaluation set (opct.axes.base.Axis.prepare)
+  1. prepare     the axis builds its training pairs and evaluation set (opct.axes.interface.Axis.prepare)
   2. base        evaluate the initial model on the axis' evaluation set
   3. sft         the offline baseline: SFT on (student prompt -> the frozen model's answers to the teacher prompt)
   4. opct        on-policy consistency training on the same pairs, same LoRA/optimizer/steps

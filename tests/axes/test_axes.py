@@ -11,7 +11,8 @@ import yaml
 from opct import config, options
 from opct.axes import AXES, AxisError, axis_defaults, get_axis
 from opct.axes.options import DEMO_SOURCE
-from opct.axes.base import AxisData, Metric, respond
+from opct.axes.base import respond
+from opct.axes.interface import AxisData, Metric
 from opct.stats import result_rows
 from opct.experiment import SECTIONS, evaluation
 from opct.cli import main

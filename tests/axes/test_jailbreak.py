@@ -6,7 +6,7 @@ import json
 import pytest
 
 from opct.data.chat import ChatFormat
-from opct.axes.base import AxisData
+from opct.axes.interface import AxisData
 from opct.axes.jailbreak import JailbreakAxis
 from opct.axes.jailbreak import data as JD
 from opct.axes.jailbreak import evaluate as JE

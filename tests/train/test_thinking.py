@@ -310,7 +310,7 @@ def test_replies_split_reasoning_from_the_answer_and_flag_unclosed_ones(tok):
 def test_the_jailbreak_judges_grade_answers_and_count_unclosed_reasoning(tok, tmp_path):
     """The judge sees the answer after the reasoning; a reply whose reasoning never closed is not graded (unparseable,
     outside the rates) and is counted per split; the samples keep the reasoning."""
-    from opct.axes.base import AxisData
+    from opct.axes.interface import AxisData
     from opct.axes.jailbreak import evaluate as JE
     from tests.axes.test_jailbreak import items_for
 
@@ -389,7 +389,7 @@ def test_sycophancy_reads_a_thinking_models_answer_after_its_reasoning(tok):
 
 
 def test_the_sycophancy_eval_of_a_thinking_model_leaves_unclosed_items_out_and_counts_them(tok, tmp_path):
-    from opct.axes.base import AxisData
+    from opct.axes.interface import AxisData
     from opct.axes.sycophancy import to_results
     from opct.axes.sycophancy.data import SPLITS
     from opct.axes.sycophancy.evaluate import evaluate_sycophancy

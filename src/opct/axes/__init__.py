@@ -1,6 +1,6 @@
 """Consistency axes: how each axis builds its (student, teacher) pairs and how it is evaluated.
 
-Every axis follows `opct.axes.base.Axis` (prepare -> AxisData, evaluate, probe, report_blocks). `AXES` maps a
+Every axis follows `opct.axes.interface.Axis` (prepare -> AxisData, evaluate, probe, report_blocks). `AXES` maps a
 name to "module:class"; the module is imported only when the axis is asked for. Add an axis by adding a line.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from opct.axes.interface import MEMBERS
 from opct.errors import UserError
 
 AXES = {
@@ -23,21 +24,19 @@ class AxisError(UserError, ValueError):
 
 
 def get_axis(name: str):
-    """The axis registered as `name` (an instance of its class), with every member of `opct.axes.base.Axis`."""
-    from opct.axes.base import MEMBERS
-
+    """The axis registered as `name` (an instance of its class), with every member of `opct.axes.interface.Axis`."""
     if name not in AXES:
         raise AxisError(f"unknown axis {name!r}; known axes: {', '.join(AXES)}")
     module, cls = AXES[name].split(":")
     axis = getattr(importlib.import_module(module), cls)()
     missing = [m for m in MEMBERS if not hasattr(axis, m)]
     if missing:
-        raise AxisError(f"axis {name!r} ({AXES[name]}) lacks {', '.join(missing)} (opct.axes.base.Axis)")
+        raise AxisError(f"axis {name!r} ({AXES[name]}) lacks {', '.join(missing)} (opct.axes.interface.Axis)")
     return axis
 
 
 def metrics() -> dict:
-    """Every registered axis' {metric: Metric} (opct.axes.base.Metric), merged: how a report labels a metric and
+    """Every registered axis' {metric: Metric} (opct.axes.interface.Metric), merged: how a report labels a metric and
     says which way is better wherever it meets one, also across axes (the summary of `opct demo --axis all`)."""
     out: dict = {}
     for name in AXES:

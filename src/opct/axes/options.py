@@ -32,22 +32,27 @@ judged = partial(opt, group=AXIS, axes=("safety", "jailbreak"))
 jailbreak = partial(opt, group=AXIS, axes=("jailbreak",))
 
 
-# the checks that read an axis' data module import it when they run, not when `opct --help` is built
+# The values two axes' options name, here with the options' checks (this module is read by `opct --help`; the axes'
+# data modules, which build what they name, import them from here)
+VARIANTS = ("original", "typos", "spacing", "casual", "urgent", "polite", "emotional")  # safety prompts' surface
+THREATS = ("prefill", "multiturn")  # jailbreak threats beyond wrappers (opct.axes.jailbreak.threats)
+
 
 def _some_variants(text: str) -> None:
     """--heldout-variants: empty, or some but not all of the safety prompts' surface variants."""
-    from opct.axes.safety.facts import VARIANTS
-
     named = [v.strip() for v in text.split(",") if v.strip()]
     if text and not (all(v in VARIANTS for v in named) and 0 < len(set(named)) < len(VARIANTS)):
         raise ValueError(f"--heldout-variants must name some but not all of {', '.join(VARIANTS)}, comma-separated "
                          f"(or be empty), got {text!r}")
 
 
-def _threats(text: str) -> None:
-    from opct.axes.jailbreak.threats import parse_threats
-
-    parse_threats(text)
+def parse_threats(text: str, option: str = "--train-threats") -> tuple[str, ...]:
+    """A comma-separated list of THREATS (empty: none), or ValueError naming the option."""
+    named = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [t for t in named if t not in THREATS]
+    if bad:
+        raise ValueError(f"{option}: unknown threat {bad[0]!r}; known: {', '.join(THREATS)}")
+    return named
 
 
 @dataclass
@@ -123,7 +128,7 @@ class Jailbreak:
                                    "student continues a compliant reply start), multiturn (the request after benign "
                                    "turns); one pair per training behaviour and threat, with openers / preludes the "
                                    "prefill and multiturn evaluation splits never use; empty = evaluation only "
-                                   "(opct.axes.jailbreak.threats)", check=parses(_threats))
+                                   "(opct.axes.jailbreak.threats)", check=parses(parse_threats))
     attack_samples: int = jailbreak(2, "jailbreak: adaptive attack samples at T=1 per behaviour on top of the greedy "
                                     "held-out attempts", check=at_least(0))
     eval_max_new_tokens: int = jailbreak(32, "jailbreak: answer tokens in the eval (the refusal judge reads 200 "

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from opct.axes.base import AxisData, Metric
+from opct.axes.interface import AxisData, Metric
 from opct.axes.jailbreak import data, evaluate, report
 from opct.axes.jailbreak.data import NAME, Options, options
 from opct.judges.endpoint import check_endpoint
@@ -49,12 +49,12 @@ from opct.axes.verdicts import jailbreak
 from opct.experiment import from_flat
 from opct.stats import is_cell
 
-# the axis (opct.axes.base.Axis): data.py holds its options and builds the pairs and items, evaluate.py generates,
+# the axis (opct.axes.interface.Axis): data.py holds its options and builds the pairs and items, evaluate.py generates,
 # judges and scores, report.py renders the report section
 
 
 class JailbreakAxis:
-    """The jailbreak axis (opct.axes.base.Axis): `opct demo --axis jailbreak`, `opct eval --axis jailbreak`."""
+    """The jailbreak axis (opct.axes.interface.Axis): `opct demo --axis jailbreak`, `opct eval --axis jailbreak`."""
     name = NAME
     summary = ("harmful requests in jailbreak wrappers vs the bare request; attack success per wrapper split, "
                "adaptive attack, over-refusal")

@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, fields
 from opct.axes.jailbreak.harmful import (EvalItem, eval_items, jailbreak_pairs, jailbreak_split, load_benign, user,
                                wrapper_split)
 from opct.axes import options as options_of
-from opct.axes.base import AxisData
+from opct.axes.interface import AxisData
 from opct.data.pairs import ConsistencyPair
-from opct.axes.jailbreak.threats import THREATS, parse_threats, threat_items, threat_pairs
+from opct.axes.jailbreak.threats import threat_items, threat_pairs
+from opct.axes.options import THREATS, parse_threats
 
 NAME = "jailbreak"
 SPLITS = ("train_wrappers", "heldout_wrappers", "heldout_family")

@@ -7,7 +7,8 @@ import random
 
 from opct.axes.jailbreak.harmful import EvalItem
 from opct.axes.verdicts import jailbreak as jailbreak_verdict
-from opct.axes.base import UNCLOSED, AxisData, Reply, replies, respond, unclosed_counts, write_samples
+from opct.axes.base import UNCLOSED, Reply, replies, respond, unclosed_counts, write_samples
+from opct.axes.interface import AxisData
 from opct.judges.base import Verdict, agreement
 from opct.stats import wilson
 from opct.judges.refusal import AdvBenchPrefixJudge, RefusalJudge

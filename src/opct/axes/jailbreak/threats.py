@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import random
 
+from opct.axes.options import THREATS
 from opct.axes.jailbreak.harmful import Behaviour, EvalItem, user
 from opct.data.pairs import ConsistencyPair
 
-THREATS = ("prefill", "multiturn")
 
 # compliant reply starts; the model continues each (no trailing space: a tokenizer's word-initial token follows)
 TRAIN_PREFILLS = {
@@ -93,12 +93,3 @@ def threat_pairs(behaviours: list[Behaviour], threats: tuple[str, ...], seed: in
             pairs.append(ConsistencyPair(multiturn_messages(b.text, TRAIN_PRELUDES[k]), user(b.text),
                                          {**meta, "threat": "multiturn", "wrapper": f"multiturn:{k}"}))
     return pairs
-
-
-def parse_threats(text: str, option: str = "--train-threats") -> tuple[str, ...]:
-    """A comma-separated list of THREATS (empty: none), or ValueError naming the option."""
-    named = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [t for t in named if t not in THREATS]
-    if bad:
-        raise ValueError(f"{option}: unknown threat {bad[0]!r}; known: {', '.join(THREATS)}")
-    return named

@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from opct.axes.base import UNCLOSED, AxisData, Metric, Reply, replies, unclosed_counts, write_samples
+from opct.axes.base import UNCLOSED, Reply, replies, unclosed_counts, write_samples
+from opct.axes.interface import AxisData, Metric
 from opct.axes.safety.data import SPLITS, minor_count, per_fact, seeded_rng
 from opct.axes.safety.evaluate import TAUS_PAPER, ausc, per_fact_pass_rates, safety_curve, share_at_100
 from opct.experiment import from_flat
@@ -40,7 +41,7 @@ from opct.judges.base import JudgeError
 from opct.judges.endpoint import check_endpoint
 from opct.models import check_path
 
-# the axis (opct.axes.base.Axis): data.py picks each split's prompts, evaluate.py holds the metrics over facts,
+# the axis (opct.axes.interface.Axis): data.py picks each split's prompts, evaluate.py holds the metrics over facts,
 # report.py renders the report section
 
 

@@ -52,12 +52,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opct.axes.options import VARIANTS
 from opct.data.pairs import ConsistencyPair
 from opct.errors import UserError
 
 FACTS_FILE = Path(__file__).parent / "safety_facts.jsonl"
 DOMAINS = ("child", "animal", "food", "medicine", "household-chemical", "outdoor")
-VARIANTS = ("original", "typos", "spacing", "casual", "urgent", "polite", "emotional")
 
 # The OPCT authors' teacher system prompt for the safety-awareness axis, verbatim ("system" teacher mode of
 # train_distillation.py in github.com/kristinafuji/on-policy-consistency-training), with their placeholder

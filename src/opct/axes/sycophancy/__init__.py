@@ -39,7 +39,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opct.axes.base import AxisData, Metric
+from opct.axes.interface import AxisData, Metric
 from opct.axes.sycophancy.data import SHIFT, SHIFTED, SPLITS, build_train_pairs
 from opct.axes.sycophancy.evaluate import evaluate_sycophancy, text_readable
 from opct.data.mcq import MCQ, load_mcq, split_questions
@@ -55,7 +55,7 @@ class EvalSet:
     questions: list[MCQ]
     shifted: list[MCQ] = field(default_factory=list)
 
-# the axis (opct.axes.base.Axis): what `opct demo` / `opct eval --axis sycophancy` run; data.py builds the pairs and
+# the axis (opct.axes.interface.Axis): what `opct demo` / `opct eval --axis sycophancy` run; data.py builds the pairs and
 # items, evaluate.py reads the answers and computes the metrics, report.py renders the report section
 
 
