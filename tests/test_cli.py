@@ -240,3 +240,17 @@ def test_eval_prints_a_rate_over_no_item_as_a_dash(capsys, monkeypatch):
     assert main(["eval", "--axis", "sycophancy", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "sycophancy_rate  shifted_heldout_cues   -    [0.000, 1.000]  n=0" in out
+
+
+def test_parsing_and_refusing_options_load_no_heavy_library():
+    """`opct --help`, every command's parser and a refused option stay light (docs/design.md "Imports"): what needs
+    torch lives in modules that only a running command imports (opct.commands, after before_torch)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io; from opct import cli; cli.build_parser()\n"
+            "with contextlib.redirect_stderr(io.StringIO()): rc = cli.main(['train', '--lr', '-1'])\n"
+            "print(rc, sorted(m for m in ('torch', 'transformers', 'matplotlib', 'pyarrow', 'datasets', 'lm_eval')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["2", "[]"], out
