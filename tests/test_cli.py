@@ -254,3 +254,54 @@ def test_parsing_and_refusing_options_load_no_heavy_library():
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["2", "[]"], out
+
+
+@pytest.mark.parametrize("offline,expect", [("on", "True True"), ("auto", "False False")])
+def test_offline_on_switches_the_hub_off_before_any_library_reads_the_switch(offline, expect):
+    """`opct eval --tasks --offline on` never reaches the Hub: huggingface_hub (imported by transformers) and datasets
+    read HF_HUB_OFFLINE / HF_DATASETS_OFFLINE once, when first imported, so the CLI sets them before any import
+    (cli.before_torch); the real libraries' own switches are read back."""
+    import subprocess
+    import sys
+
+    code = ("import types; from opct import cli\n"
+            "def run(cfg):\n"
+            "    import huggingface_hub.constants, datasets.config, transformers\n"
+            "    print(huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)\n"
+            "cli.commands = lambda: types.SimpleNamespace(eval_tasks=run)\n"
+            f"raise SystemExit(cli.main(['eval', '--tasks', 'arc_easy', '--offline', '{offline}']))")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                                                            "TRANSFORMERS_OFFLINE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.split()[-2:] == expect.split(), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "eval", "demo", "check"])
+def test_process_settings_are_made_before_torch_is_imported(command):
+    """--huge-pages' THP_MEM_ALLOC_ENABLE, which torch reads at its first allocation, is set while torch is not yet
+    imported, by every command that loads a model: before the config is built, since a demo's or an evaluation's
+    config reads its axis' defaults, and importing the axis loads torch."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, types; from opct import cli\n"
+            "real = cli.before_torch\n"
+            "def spy(*a, **k):\n"
+            "    real(*a, **k)\n"
+            "    print('torch' in sys.modules, os.environ.get('THP_MEM_ALLOC_ENABLE'))\n"
+            "cli.before_torch = spy\n"
+            "cli.commands = lambda: types.SimpleNamespace(**{n: (lambda *a: None) for n in ('train', 'sft', "
+            "'eval_axis', 'run_demo', 'check')})\n"
+            f"raise SystemExit(cli.main(['{command}', '--huge-pages']))")  # what follows may refuse: printed by then
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split()[:2] == ["False", "1"], out.stdout + out.stderr
+
+
+def test_no_axis_default_sets_a_process_setting():
+    """cli.before_torch reads PROCESS_FIELDS from the user's settings alone; an axis' defaults must leave them be."""
+    from opct.axes import AXES, get_axis
+    from opct.cli import PROCESS_FIELDS
+
+    for name in AXES:
+        assert not set(get_axis(name).defaults) & set(PROCESS_FIELDS), name

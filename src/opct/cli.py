@@ -2,7 +2,8 @@
 status 2.
 
 This is the one place that sets process-wide state before torch is imported: transparent huge pages for the CPU
-backend (`huge_pages`), which PyTorch reads at its first allocation. Nothing is set on `import opct`.
+backend (`huge_pages`), which PyTorch reads at its first allocation, and `opct eval --offline on`'s Hub switches.
+Nothing is set on `import opct`.
 """
 
 from __future__ import annotations
@@ -22,32 +23,43 @@ from opct.axes import axis_defaults, axis_names
 from opct.provenance import git_commit
 
 
-def before_torch(cfg):
-    """Process settings that must precede torch's first allocation (the cpu backend's huge_pages: cpu/process.py);
-    then the commands (`commands`)."""
+# The fields before_torch reads: set by the user (flags, --config YAML, environment) and never by an axis' defaults
+# (tests/test_cli.py), so they are known before the config is built
+PROCESS_FIELDS = ("huge_pages", "backend", "device", "tasks", "offline")
+
+
+def before_torch(cls, args, overrides: dict | None = None) -> None:
+    """Process settings that must come before a library reads them, from the command's flags, --config YAML and
+    environment alone: the cpu backend's huge_pages, which torch reads at its first allocation (cpu/process.py), and
+    `opct eval --tasks --offline on`'s Hub switches, which huggingface_hub (imported by transformers) and datasets
+    read once, when first imported. It runs before the config is built: building a demo's or an evaluation's config
+    reads its axis' defaults, and importing the axis loads torch and transformers."""
+    cfg, _ = options.apply_env_overrides(options.resolve(cls, args, None, overrides))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cfg, _ = options.apply_env_overrides(cfg)
     if cfg.huge_pages and cfg.backend in ("auto", "cpu") and cfg.device in ("auto", "cpu"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    return commands()
+    if isinstance(cfg, config.EvalConfig) and cfg.tasks and cfg.offline == "on":
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 def commands():
     """opct.commands, what each command runs. Its import loads torch, so it comes only when a command runs, after
-    its config is checked and `before_torch` has set the process up: the one import cli.py defers."""
+    `before_torch` has set the process up and the config is checked: the one import cli.py defers."""
     from opct import commands
 
     return commands
 
 
 def cmd_train(args) -> None:
+    before_torch(config.TrainConfig, args)
     cfg = config.build(config.TrainConfig, args)
-    before_torch(cfg).train(cfg)
+    commands().train(cfg)
 
 
 def cmd_sft(args) -> None:
+    before_torch(config.SFTConfig, args)
     cfg = config.build(config.SFTConfig, args)
-    before_torch(cfg).sft(cfg)
+    commands().sft(cfg)
 
 
 def check_output_file(path: str, option: str) -> None:
@@ -71,10 +83,11 @@ def check_output_dir(path: str, option: str) -> None:
 
 
 def cmd_eval(args) -> None:
+    before_torch(config.EvalConfig, args)
     cfg = config.build(config.EvalConfig, args, defaults=axis_defaults)
     check_output_file(cfg.out, "--out")
-    commands = before_torch(cfg)
-    (commands.eval_tasks if cfg.tasks else commands.eval_axis)(cfg)
+    run = commands()
+    (run.eval_tasks if cfg.tasks else run.eval_axis)(cfg)
 
 
 # Options that name one axis' data: meaningless for another axis, so refused for a run over several.
@@ -84,10 +97,11 @@ ONE_AXIS_OPTIONS = ("source", "eval_source")
 def cmd_demo(args) -> None:
     user = options.user_values(config.DemoConfig, args)
     names = axis_names(user.get("axis") or config.DemoConfig.axis)
+    before_torch(config.DemoConfig, args)
     if len(names) == 1:
         cfg = config.build(config.DemoConfig, args, defaults=axis_defaults, overrides={"axis": names[0]})
         check_output_dir(cfg.out, "--out")
-        before_torch(cfg).run_demo(cfg)
+        commands().run_demo(cfg)
         return
     for name in ONE_AXIS_OPTIONS:
         if name in user:
@@ -99,13 +113,14 @@ def cmd_demo(args) -> None:
     check_output_dir(str(top), "--out")
     cfgs = [config.build(config.DemoConfig, args, defaults=axis_defaults, overrides={"axis": n, "out": str(top / n)})
             for n in names]
-    before_torch(cfgs[0]).run_demos(cfgs, top, names)
+    commands().run_demos(cfgs, top, names)
 
 
 def cmd_check(args) -> None:
+    before_torch(config.CheckConfig, args)
     cfg = config.build(config.CheckConfig, args)
     check_output_dir(cfg.out, "--out")
-    before_torch(cfg).check(cfg)
+    commands().check(cfg)
 
 
 def cmd_report(args) -> None:

