@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -62,9 +63,8 @@ class OfflineTaskError(UserError, RuntimeError):
 
 
 def lm_eval_tasks_dir() -> Path:
-    import lm_eval.tasks
-
-    return Path(lm_eval.tasks.__file__).parent
+    """The folder of lm-eval's stock task configs, found without running lm_eval.tasks (which imports datasets)."""
+    return Path(importlib.util.find_spec("lm_eval.tasks").origin).parent
 
 
 def _requests(zf: zipfile.ZipFile, member: str) -> list[dict]:
