@@ -28,13 +28,13 @@ from opct.provenance import git_commit
 PROCESS_FIELDS = ("huge_pages", "backend", "device", "tasks", "offline")
 
 
-def before_torch(cls, args, overrides: dict | None = None) -> None:
+def before_torch(cls, args) -> None:
     """Process settings that must come before a library reads them, from the command's flags, --config YAML and
     environment alone: the cpu backend's huge_pages, which torch reads at its first allocation (cpu/process.py), and
     `opct eval --tasks --offline on`'s Hub switches, which huggingface_hub (imported by transformers) and datasets
     read once, when first imported. It runs before the config is built: building a demo's or an evaluation's config
     reads its axis' defaults, and importing the axis loads torch and transformers."""
-    cfg, _ = options.apply_env_overrides(options.resolve(cls, args, None, overrides))
+    cfg, _ = options.apply_env_overrides(options.resolve(cls, args))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if cfg.huge_pages and cfg.backend in ("auto", "cpu") and cfg.device in ("auto", "cpu"):
         os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
