@@ -87,7 +87,7 @@ BASE_PROMPTS = [  # written for opct; plain requests with no constraints of thei
 
 def prepare_nltk(cache: Path | None = None) -> None:
     """Make lm-eval's import-time punkt check pass offline (see the module docstring); seed langdetect."""
-    import nltk  # 1-1.5 s to import on a 2-core machine: only an IFEval run pays it
+    import nltk  # slow to import (times: dev/LOG.md): only an IFEval run pays it
 
     langdetect.DetectorFactory.seed = 0
     try:
